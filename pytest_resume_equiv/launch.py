@@ -1,0 +1,327 @@
+"""Start torchrun launches, each in its own process group, and collect how every rank ended.
+
+Every rank runs `pytest_resume_equiv.rank.bootstrap`, which writes its logs, pid and status
+into the run directory. torchrun puts each worker in a session of its own, so killing the
+agent's group is not enough: the pid files let us kill every rank's group too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .rank.layout import CONTEXT_ENV, log_path, pid_dir, status_path
+
+BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
+STACK_DUMP_WAIT = 2.0
+"""Seconds a hung launch gets to dump its ranks' Python stacks before it is killed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What each rank runs: a script path, a module (`-m`), or a module-level function."""
+
+    kind: str  # "script" | "module" | "call"
+    name: str
+    args: tuple[str, ...] = ()
+    pythonpath: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        return [f"--{self.kind}", self.name, *self.args]
+
+    def display(self) -> str:
+        head = {"script": [self.name], "module": ["-m", self.name], "call": [self.name]}[self.kind]
+        return shlex.join([*head, *self.args])
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    name: str
+    target: Target
+    run_dir: str
+    nproc: int
+    nnodes: int
+    timeout: float
+    context: dict
+    """The run context given to every rank (JSON in RESUME_EQUIV_CONTEXT)."""
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Optional[str] = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    status: str
+    """ok | error | exit | none (no status file: killed by a signal, or hung)"""
+    detail: str = ""
+    exitcode: Optional[int] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class LaunchResult:
+    spec: LaunchSpec
+    returncodes: list[Optional[int]]
+    timed_out: bool
+    duration: float
+    ranks: list[RankOutcome]
+    command: str
+    """A shell line that reruns this launch by hand."""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.timed_out
+            and all(r.ok for r in self.ranks)
+            and all(code == 0 for code in self.returncodes)
+        )
+
+    @property
+    def agent_logs(self) -> list[str]:
+        return [
+            os.path.join(self.spec.run_dir, "logs", f"agent-{i}.log")
+            for i in range(len(self.returncodes))
+        ]
+
+    def rank_log(self, rank: int, stream: str = "stderr") -> str:
+        return log_path(self.spec.run_dir, rank, stream)
+
+    def tail(self, path: str, lines: int = 15) -> str:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun_argv(spec: LaunchSpec, rdzv: Optional[str]) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run"]
+    if rdzv is None:
+        # --standalone binds the rendezvous store to a free port itself and keeps it bound:
+        # no window in which another test or xdist worker can take the same port.
+        argv.append("--standalone")
+    else:
+        argv += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv}",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+        ]
+    argv += [
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc}",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "-m",
+        BOOTSTRAP,
+        *spec.target.argv(),
+    ]
+    return argv
+
+
+def launch_env(spec: LaunchSpec) -> dict[str, str]:
+    """The variables a launch adds to the inherited environment (shown in the rerun line)."""
+    extra = {CONTEXT_ENV: json.dumps(spec.context, sort_keys=True), "PYTHONUNBUFFERED": "1"}
+    if spec.target.pythonpath:
+        current = os.environ.get("PYTHONPATH", "")
+        extra["PYTHONPATH"] = os.pathsep.join(
+            [*spec.target.pythonpath, *([current] if current else [])]
+        )
+    if "OMP_NUM_THREADS" not in os.environ:
+        extra["OMP_NUM_THREADS"] = "1"  # what torchrun sets anyway, without its warning
+    extra.update(spec.env)
+    return extra
+
+
+def _rerun_line(spec: LaunchSpec, extra: dict[str, str], argv: Sequence[str]) -> str:
+    cwd = spec.cwd or os.getcwd()
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items()))
+    return f"cd {shlex.quote(cwd)} && env {assigns} {shlex.join(argv)}"
+
+
+def _read_pids(run_dir: str) -> list[int]:
+    pids = []
+    try:
+        names = os.listdir(pid_dir(run_dir))
+    except OSError:
+        return pids
+    for name in names:
+        try:
+            with open(os.path.join(pid_dir(run_dir), name)) as f:
+                pids.append(int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _is_our_rank(pid: int) -> bool:
+    """Guard against pid reuse: only signal processes that still run our bootstrap."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return BOOTSTRAP.encode() in f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc: trust the pid file
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def dump_stacks(run_dir: str) -> None:
+    """Ask every live rank for a Python stack dump (faulthandler, into its stderr log)."""
+    for pid in _read_pids(run_dir):
+        if _is_our_rank(pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
+    """Kill the agents' process groups and every rank's own group; wait for the agents."""
+    for pid in _read_pids(run_dir):
+        if _is_our_rank(pid):
+            _signal_group(pid, signal.SIGKILL)
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+_EXIT_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _agent_exitcodes(log_text: str) -> dict[int, int]:
+    """Per-rank exit codes from torchrun's failure summary (best effort)."""
+    codes: dict[int, int] = {}
+    for block in log_text.split("[")[1:]:
+        match = _EXIT_RE.search(block)
+        if match:
+            codes[int(match.group(1))] = int(match.group(2))
+    return codes
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[RankOutcome]:
+    codes = _agent_exitcodes(agent_text)
+    outcomes = []
+    for rank in range(spec.world_size):
+        try:
+            with open(status_path(spec.run_dir, rank), encoding="utf-8") as f:
+                status = json.load(f)
+        except (OSError, ValueError):
+            status = None
+        code = codes.get(rank)
+        if status is None:
+            if timed_out:
+                detail = "still running at the timeout (killed)"
+            elif code is not None and code < 0:
+                detail = f"killed by {_signal_name(code)}"
+            elif code is not None:
+                detail = f"exited with code {code} before the trainer finished"
+            else:
+                detail = "ended without reporting a status (killed, or never started)"
+            outcomes.append(RankOutcome(rank, "none", detail, code))
+        elif status.get("status") == "ok":
+            outcomes.append(RankOutcome(rank, "ok", "", 0))
+        elif status.get("status") == "exit":
+            outcomes.append(
+                RankOutcome(
+                    rank, "exit", f"exited with code {status.get('code')}", status.get("code")
+                )
+            )
+        else:
+            outcomes.append(RankOutcome(rank, "error", str(status.get("exception", "raised")), 1))
+    return outcomes
+
+
+def launch(spec: LaunchSpec) -> LaunchResult:
+    """Run one torchrun launch to the end (or its timeout); never leaves a process behind."""
+    os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
+    extra = launch_env(spec)
+    env = {**os.environ, **extra}
+    rdzv = None if spec.nnodes == 1 else f"127.0.0.1:{free_port()}"
+    argv = _torchrun_argv(spec, rdzv)
+    procs: list[subprocess.Popen] = []
+    logs = []
+    timed_out = False
+    start = time.monotonic()
+    try:
+        for node in range(spec.nnodes):
+            log = open(os.path.join(spec.run_dir, "logs", f"agent-{node}.log"), "wb")
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        deadline = start + spec.timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                dump_stacks(spec.run_dir)
+                time.sleep(STACK_DUMP_WAIT)
+                break
+    finally:
+        kill_all(procs, spec.run_dir)
+        for log in logs:
+            log.close()
+    duration = time.monotonic() - start
+    agent_text = ""
+    for path in (os.path.join(spec.run_dir, "logs", f"agent-{i}.log") for i in range(len(procs))):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            agent_text += f.read()
+    return LaunchResult(
+        spec=spec,
+        returncodes=[p.returncode for p in procs],
+        timed_out=timed_out,
+        duration=duration,
+        ranks=_rank_outcomes(spec, agent_text, timed_out),
+        command=_rerun_line(spec, extra, argv),
+    )

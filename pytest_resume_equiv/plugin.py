@@ -1,0 +1,179 @@
+"""pytest hooks: options, the marker, device skips, fixtures and report sections.
+
+Everything else lives in modules that do not need pytest, so it can be unit-tested and
+reused offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .devices import Device, DeviceUnavailable, select_device
+from .fixtures import ResumeEquiv, RunRoot, Torchrun
+from .settings import (
+    OPTIONS,
+    MarkerSpec,
+    Resolved,
+    SessionSettings,
+    SettingError,
+    parse_marker,
+    resolve_session,
+)
+
+MARKER = "resume_equivalent"
+MARKER_DOC = (
+    "resume_equivalent(steps, split, nproc=2, nnodes=1, timeout=None, tolerance=None, env=None, "
+    "rng_mutation=True, interrupt='continue'): run the test's trainer under torchrun "
+    "uninterrupted and resumed from the checkpoint saved at `split` (an int or a list), and "
+    "require every rank to record the same values at every step after it. See "
+    "pytest-resume-equiv's README."
+)
+
+SETTINGS_KEY = pytest.StashKey[SessionSettings]()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    spec: MarkerSpec
+    device: Device
+    timeout: Resolved
+
+
+PREPARED_KEY = pytest.StashKey[Prepared]()
+FAILED_KEY = pytest.StashKey[bool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("resume-equiv", "resume equivalence (pytest-resume-equiv)")
+    for option in OPTIONS.values():
+        help_text = f"{option.help} (ini: {option.ini}, env: {option.env})"
+        if option.flag:
+            group.addoption(
+                option.cli,
+                action="store_const",
+                const=True,
+                default=None,
+                dest=option.dest,
+                help=help_text,
+            )
+        else:
+            group.addoption(
+                option.cli, action="store", default=None, dest=option.dest, help=help_text
+            )
+        parser.addini(option.ini, option.help, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_DOC)
+    config.stash[SETTINGS_KEY] = resolve_session(config)
+
+
+def _settings(config: pytest.Config) -> SessionSettings:
+    return config.stash[SETTINGS_KEY]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    settings = _settings(config)
+    if settings.error:
+        return f"resume-equiv: invalid settings, resume tests will fail: {settings.error}"
+    requested = settings["device"]
+    if requested == "auto":
+        try:
+            found = select_device("auto", 1)
+            device = f"auto -> {found.kind} x{found.count} ({settings.values['device'].source})"
+        except DeviceUnavailable:
+            device = (
+                f"auto -> no accelerator, resume tests skip ({settings.values['device'].source})"
+            )
+    else:
+        device = settings.describe("device")
+    return (
+        f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
+        f"({settings.values['timeout'].source}), keep={settings.describe('keep')}"
+    )
+
+
+def _device(config: pytest.Config, ranks_per_node: int) -> Device:
+    """The device for a launch, or skip/fail the test with the precise reason."""
+    settings = _settings(config)
+    try:
+        return select_device(settings["device"], ranks_per_node)
+    except DeviceUnavailable as exc:
+        if settings["require_device"]:
+            pytest.fail(f"{exc} (--resume-equiv-require-device is set)", pytrace=False)
+        pytest.skip(str(exc))
+    raise AssertionError("unreachable")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    settings = _settings(item.config)
+    if settings.error:
+        pytest.fail(f"pytest-resume-equiv: {settings.error}", pytrace=False)
+    try:
+        spec = parse_marker(marker.args, marker.kwargs)
+    except SettingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    timeout = settings.values["timeout"]
+    if spec.timeout is not None:
+        timeout = Resolved(spec.timeout, "marker @resume_equivalent(timeout=...)")
+    device = _device(item.config, spec.nproc)
+    item.stash[PREPARED_KEY] = Prepared(spec, device, timeout)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
+    report = yield
+    if report.failed:
+        item.stash[FAILED_KEY] = True
+    return report
+
+
+def _run_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunRoot:
+    name = re.sub(r"[\W]", "_", request.node.name)[:30]
+    path = tmp_path_factory.mktemp(f"resume-equiv-{name}", numbered=True)
+    os.chmod(path, 0o700)
+    return RunRoot(str(path), _settings(request.config)["keep"])
+
+
+@pytest.fixture
+def resume_equiv(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Generator[ResumeEquiv, None, None]:
+    """Orchestrates a test marked @resume_equivalent: call `resume_equiv.run(command_or_fn)`."""
+    node = request.node
+    if node.get_closest_marker(MARKER) is None:
+        pytest.fail(
+            "the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test",
+            pytrace=False,
+        )
+    prepared = node.stash[PREPARED_KEY]
+    root = _run_root(request, tmp_path_factory)
+
+    def section(text: str) -> None:
+        node.add_report_section("call", "resume-equiv", text)
+
+    yield ResumeEquiv(prepared.spec, prepared.device, prepared.timeout, root, section)
+    root.finish(node.stash.get(FAILED_KEY, False))
+
+
+@pytest.fixture
+def torchrun(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Generator[Torchrun, None, None]:
+    """Launch a script, `["-m", module, ...]` or module-level function under torchrun."""
+    root = _run_root(request, tmp_path_factory)
+    settings = _settings(request.config)
+    yield Torchrun(lambda n: _device(request.config, n), settings.values["timeout"], root)
+    root.finish(request.node.stash.get(FAILED_KEY, False))

@@ -1,0 +1,142 @@
+"""Entry point of every rank the plugin launches: `python -m pytest_resume_equiv.rank.bootstrap`.
+
+It gives each rank its own log files, a pid file (so the plugin can kill ranks that torchrun
+puts in their own sessions), a stack dump on SIGUSR1 (for hangs), a status file saying how
+the user's code ended, and then runs the user's script, module or function unchanged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib
+import json
+import os
+import runpy
+import signal
+import sys
+import traceback
+from typing import Any, Callable
+
+from . import record as _record
+from .context import context
+from .layout import CONTEXT_ENV, log_path, pid_dir, status_path
+
+
+def _die_with_parent() -> None:
+    # torchrun starts workers in new sessions; if the agent is SIGKILLed they would outlive
+    # it. PR_SET_PDEATHSIG makes the kernel kill this rank when its parent goes away.
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _redirect_output(run_dir: str, rank: int) -> Any:
+    os.makedirs(os.path.dirname(log_path(run_dir, rank, "stdout")), mode=0o700, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, stream in ((1, "stdout"), (2, "stderr")):
+        target = os.open(
+            log_path(run_dir, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+        )
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return sys.stderr
+
+
+def _write_status(run_dir: str, rank: int, status: dict[str, Any]) -> None:
+    path = status_path(run_dir, rank)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(status, f)
+    os.replace(tmp, path)
+
+
+def _resolve_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, qualname = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _run_target(argv: list[str]) -> None:
+    kind, target, args = argv[0], argv[1], argv[2:]
+    if kind == "--call":
+        fn = _resolve_callable(target)
+        sys.argv = [target, *args]
+        fn(context())
+    elif kind == "--module":
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "--script":
+        sys.argv = [target, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        raise SystemExit(f"pytest_resume_equiv.rank.bootstrap: unknown target kind {kind!r}")
+
+
+def main(argv: list[str]) -> None:
+    _die_with_parent()
+    ctx = context()
+    if ctx is None:
+        raise SystemExit(
+            f"pytest_resume_equiv.rank.bootstrap runs only under the plugin ({CONTEXT_ENV} unset)"
+        )
+    rank = ctx.rank
+    err = _redirect_output(ctx.run_dir, rank)
+    os.makedirs(pid_dir(ctx.run_dir), mode=0o700, exist_ok=True)
+    with open(os.path.join(pid_dir(ctx.run_dir), f"rank-{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    faulthandler.enable(file=err, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
+    _record.open_signature()
+
+    code = 0
+    try:
+        _run_target(argv)
+        status: dict[str, Any] = {"status": "ok"}
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            status = {"status": "ok"}
+        else:
+            code = exc.code if isinstance(exc.code, int) else 1
+            status = {"status": "exit", "code": code, "message": str(exc.code)}
+            if not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+    except BaseException as exc:
+        code = 1
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, end="")
+        status = {
+            "status": "error",
+            "exception": f"{type(exc).__name__}: {exc}",
+            "traceback": tb,
+        }
+    _record.close()
+    _write_status(ctx.run_dir, rank, status)
+    # Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL
+    # threads aborting in C++ static destructors (SIGABRT, "terminate called without an
+    # active exception") would otherwise turn a finished rank into a failed launch.
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

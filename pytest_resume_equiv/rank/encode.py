@@ -1,0 +1,71 @@
+"""Turn the values a trainer records into exact JSON.
+
+Floats keep every bit (their IEEE-754 bits in hex, beside a readable repr), tensors become
+dtype + shape + fingerprint + statistics. Anything else is refused with a message that says
+what can be recorded, because a silently lossy signature would hide resume bugs.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+from .fingerprint import describe
+from .layout import FLOAT_TAG, TENSOR_TAG
+
+RECORDABLE = (
+    "floats, ints, bools, strings, None, lists/tuples and dicts (string keys) of them, "
+    "torch tensors and numpy arrays/scalars"
+)
+
+
+class UnrecordableValue(TypeError):
+    pass
+
+
+def float_bits(x: float) -> str:
+    return struct.pack(">d", x).hex()
+
+
+def encode_float(x: float) -> dict[str, str]:
+    return {FLOAT_TAG: float_bits(x), "repr": repr(x) if math.isfinite(x) else str(x)}
+
+
+def encode(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return encode_float(float(value))
+    if isinstance(value, (list, tuple)):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise UnrecordableValue(
+                    f"{where} has a key {key!r} of type {type(key).__name__}; "
+                    "record() stores dicts with string keys only"
+                )
+            if key.startswith("$"):
+                raise UnrecordableValue(
+                    f"{where} has a key {key!r}; keys starting with '$' are reserved"
+                )
+            out[key] = encode(item, f"{where}[{key!r}]")
+        return out
+    module = type(value).__module__.split(".")[0]
+    if module == "torch" and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return {TENSOR_TAG: describe(value)}
+    if module == "numpy":
+        if getattr(value, "shape", None) == () and hasattr(value, "item"):
+            return encode(value.item(), where)
+        if hasattr(value, "dtype") and hasattr(value, "shape"):
+            import torch
+
+            return {TENSOR_TAG: describe(torch.as_tensor(value))}
+    raise UnrecordableValue(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which record() "
+        f"cannot store exactly; record {RECORDABLE} (e.g. loss.item() or the tensor itself)"
+    )

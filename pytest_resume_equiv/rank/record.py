@@ -1,0 +1,99 @@
+"""`record(step, **values)`: append one exact line per step to this rank's signature file."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import platform
+from typing import IO, Any, Optional
+
+from .context import RunContext, context
+from .encode import encode
+from .layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
+
+
+class _SignatureWriter:
+    """One open signature file; every line is flushed so a crashed rank leaves a prefix."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        path = signature_path(ctx.run_dir, ctx.rank)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        self.records = 0
+        self.file: Optional[IO[str]] = open(path, "w", encoding="utf-8")
+        self._write(
+            {
+                "format": SIGNATURE_FORMAT,
+                "version": SIGNATURE_VERSION,
+                "rank": ctx.rank,
+                "local_rank": ctx.local_rank,
+                "world_size": ctx.world_size,
+                "phase": ctx.phase,
+                "split": ctx.split if ctx.phase == "resumed" else None,
+                "splits": list(ctx.splits),
+                "steps": ctx.steps,
+                "torch": _torch_version(),
+                "python": platform.python_version(),
+                "device": ctx.device_kind,
+                "pid": os.getpid(),
+            }
+        )
+        atexit.register(self.close)
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        assert self.file is not None
+        self.file.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
+        self.file.flush()
+
+    def write_step(self, step: int, values: dict[str, Any]) -> None:
+        if self.file is None:
+            raise RuntimeError("record() called after the signature file was closed")
+        self._write({"step": step, "values": values})
+        self.records += 1
+
+    def close(self) -> None:
+        """Write the footer: it tells the plugin this rank finished recording cleanly."""
+        if self.file is None:
+            return
+        self._write({"end": {"records": self.records}})
+        self.file.close()
+        self.file = None
+
+
+def _torch_version() -> Optional[str]:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", None)
+
+
+_writer: Optional[_SignatureWriter] = None
+
+
+def record(step: int, **values: Any) -> None:
+    """Record this rank's values at the end of `step` (a no-op outside a test run)."""
+    global _writer
+    ctx = context()
+    if ctx is None:
+        return
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"record(step=...) needs an int step number, got {step!r}")
+    encoded = {
+        key: encode(value, f"record(step={step}) value {key!r}") for key, value in values.items()
+    }
+    if _writer is None:
+        _writer = _SignatureWriter(ctx)
+    _writer.write_step(step, encoded)
+
+
+def close() -> None:
+    if _writer is not None:
+        _writer.close()
+
+
+def open_signature() -> None:
+    """Write the header now, so even a rank that never records leaves a file saying so."""
+    global _writer
+    ctx = context()
+    if ctx is not None and _writer is None:
+        _writer = _SignatureWriter(ctx)

@@ -1,0 +1,134 @@
+"""Failure text: what diverged first, where, in readable values, and how to look further.
+
+Values are shown syrupy-style, `[- uninterrupted]` against `[+ resumed]`, with a step or two
+of context instead of walls of numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .compare import Comparison
+from .launch import LaunchResult
+from .orchestrate import ResumeOutcome
+from .rank.layout import FLOAT_TAG, TENSOR_TAG
+
+MAX_VALUE_CHARS = 160
+
+
+def readable(value: Any) -> str:
+    """A short human form of an encoded value."""
+    text = _readable(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
+
+
+def _readable(value: Any) -> str:
+    if isinstance(value, dict):
+        if FLOAT_TAG in value:
+            return str(value.get("repr", value[FLOAT_TAG]))
+        if TENSOR_TAG in value:
+            t = value[TENSOR_TAG]
+            shape = "x".join(map(str, t.get("shape", []))) or "scalar"
+            parts = [f"{t.get('dtype')}[{shape}]"]
+            if "values" in t and len(t["values"]) <= 4:
+                parts.append(
+                    "values="
+                    + ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in t["values"])
+                )
+            else:
+                stats = t.get("stats", {})
+                parts += [
+                    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
+                ]
+            parts.append(f"hash={str(t.get('hash'))[:12]}")
+            return "tensor(" + " ".join(parts) + ")"
+        return "{" + ", ".join(f"{k!r}: {_readable(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_readable(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def format_comparison(cmp: Comparison) -> str:
+    if cmp.problems:
+        lines = [f"split {cmp.split}: the resumed run did not record the steps it should have:"]
+        lines += [f"  {p.message}" for p in cmp.problems]
+        return "\n".join(lines)
+    div = cmp.divergence
+    if div is None:
+        return f"split {cmp.split}: equal on all {cmp.world_size} ranks over {cmp.compared_steps} steps"
+    where = div.path if div.path == div.key else f"{div.path} (in {div.key!r})"
+    lines = [
+        f"split {cmp.split}: first divergence at step {div.step}, rank {div.rank}, key {where!r}: {div.detail}",
+        f"  [- uninterrupted] {readable(div.expected)}",
+        f"  [+ resumed]       {readable(div.actual)}",
+    ]
+    if len(cmp.context) > 1:
+        lines.append(f"  {div.key!r} on rank {div.rank} around step {div.step}:")
+        for step, a, b in cmp.context:
+            if a == b:
+                lines.append(f"      step {step}   {readable(a)}")
+            else:
+                lines.append(f"    - step {step}   {readable(a)}")
+                lines.append(f"    + step {step}   {readable(b)}")
+    per_rank = "; ".join(
+        f"rank {r}: {', '.join(keys)}" for r, keys in sorted(cmp.divergent_keys.items())
+    )
+    lines.append(f"  keys that differ at step {div.step}: {per_rank}")
+    return "\n".join(lines)
+
+
+def format_launch_failure(result: LaunchResult, role: str) -> str:
+    spec = result.spec
+    if result.timed_out:
+        head = f"the {role} launch ({spec.name}) timed out after {spec.timeout:g}s and was killed"
+    else:
+        head = f"the {role} launch ({spec.name}) failed"
+    lines = [head + f" ({spec.world_size} ranks, {result.duration:.1f}s):"]
+    bad = [r for r in result.ranks if not r.ok]
+    for outcome in bad:
+        lines.append(f"  rank {outcome.rank}: {outcome.detail or outcome.status}")
+    for outcome in bad[:2]:
+        tail = result.tail(result.rank_log(outcome.rank)).rstrip()
+        if tail:
+            lines.append(
+                f"  --- last lines of rank {outcome.rank} stderr ({result.rank_log(outcome.rank)}) ---"
+            )
+            lines += ["  " + line for line in tail.splitlines()]
+    if not bad:
+        for path in result.agent_logs:
+            tail = result.tail(path).rstrip()
+            if tail:
+                lines.append(f"  --- torchrun ({path}) ---")
+                lines += ["  " + line for line in tail.splitlines()]
+    lines.append(f"  run directory: {spec.run_dir}")
+    lines.append(f"  rerun by hand: {result.command}")
+    return "\n".join(lines)
+
+
+def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
+    failing = [v for v in outcome.verdicts if not v.comparison.equal]
+    lines = ["resumed training is not equivalent to the uninterrupted run"]
+    for verdict in failing:
+        lines.append(format_comparison(verdict.comparison))
+    first = failing[0]
+    lines += [
+        f"run directories ({kept}):",
+        f"  uninterrupted: {first.baseline.spec.run_dir}",
+        f"  resumed:       {first.launch.spec.run_dir}",
+        f"rerun the resumed launch by hand:\n  {first.launch.command}",
+    ]
+    return "\n".join(lines)
+
+
+def format_plan_summary(outcome: ResumeOutcome) -> str:
+    lines = []
+    for result in outcome.launches:
+        verdict = "ok" if result.ok else "FAILED"
+        lines.append(
+            f"{result.spec.name}: {result.spec.world_size} ranks, {result.duration:.1f}s, {verdict}, "
+            f"{result.spec.run_dir}"
+        )
+    for verdict in outcome.verdicts:
+        lines.append(format_comparison(verdict.comparison).splitlines()[0])
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Read and validate signature files (JSON lines written by `rank/record.py`).
+
+Only JSON is read back; nothing here unpickles. Every problem is raised as a
+`SignatureError` that names the file and line, so a corrupted run is a clear failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
+
+
+class SignatureError(Exception):
+    """A signature file is missing, corrupted, or of a format this plugin cannot read."""
+
+
+@dataclass
+class Signature:
+    path: str
+    header: dict[str, Any]
+    steps: list[tuple[int, dict[str, Any]]]
+    """(step, values) in the order recorded; duplicates and disorder are kept for the checks."""
+    complete: bool
+    """The footer was written: the rank finished recording and closed the file."""
+    truncated_tail: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return int(self.header["rank"])
+
+    def by_step(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for step, values in self.steps:
+            out.setdefault(step, values)
+        return out
+
+
+def read_signature(path: str) -> Signature:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SignatureError(f"{path}: no signature file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SignatureError(f"{path}: unreadable ({exc})") from None
+    lines = text.split("\n")
+    truncated = bool(lines and lines[-1])  # a rank killed mid-write leaves no final newline
+    if not truncated:
+        lines = lines[:-1]
+    if not lines or not lines[0]:
+        raise SignatureError(f"{path}: empty signature file (the rank died before writing it)")
+
+    header = _parse(path, 1, lines[0])
+    if header.get("format") != SIGNATURE_FORMAT:
+        raise SignatureError(
+            f"{path}: line 1 is not a {SIGNATURE_FORMAT} header (format={header.get('format')!r})"
+        )
+    if header.get("version") != SIGNATURE_VERSION:
+        raise SignatureError(
+            f"{path}: signature format version {header.get('version')!r} is not one this plugin "
+            f"reads (it reads version {SIGNATURE_VERSION}); compare runs made by the same "
+            "pytest-resume-equiv version"
+        )
+    for key in ("rank", "world_size", "phase"):
+        if key not in header:
+            raise SignatureError(f"{path}: header has no {key!r}")
+
+    steps: list[tuple[int, dict[str, Any]]] = []
+    complete = False
+    body = lines[1:]
+    for offset, line in enumerate(body):
+        lineno = offset + 2
+        if truncated and offset == len(body) - 1:
+            break  # the unfinished last line of a killed rank: the prefix before it stands
+        obj = _parse(path, lineno, line)
+        if "end" in obj:
+            complete = True
+            continue
+        step, values = obj.get("step"), obj.get("values")
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(values, dict):
+            raise SignatureError(f"{path}: line {lineno} is not a step record: {line[:120]}")
+        steps.append((step, values))
+    return Signature(path, header, steps, complete, truncated_tail=truncated)
+
+
+def _parse(path: str, lineno: int, line: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SignatureError(f"{path}: line {lineno} is not JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise SignatureError(f"{path}: line {lineno} is not a JSON object")
+    return obj
+
+
+def read_run(run_dir: str, world_size: Optional[int] = None) -> dict[int, Signature]:
+    """Every rank's signature of one launch, keyed by global rank."""
+    sig_dir = os.path.dirname(signature_path(run_dir, 0))
+    if world_size is None:
+        if not os.path.isdir(sig_dir):
+            raise SignatureError(f"{run_dir}: no signatures/ directory (not a run directory?)")
+        names = [n for n in os.listdir(sig_dir) if n.startswith("rank-") and n.endswith(".jsonl")]
+        if not names:
+            raise SignatureError(f"{sig_dir}: no rank-*.jsonl signature files")
+        ranks = sorted(int(n[5:-6]) for n in names if n[5:-6].isdigit())
+    else:
+        ranks = list(range(world_size))
+    return {rank: read_signature(signature_path(run_dir, rank)) for rank in ranks}
