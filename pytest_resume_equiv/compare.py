@@ -63,6 +63,11 @@ class Comparison:
         return not self.problems and self.divergence is None
 
 
+def steps_text(steps: Sequence[int]) -> str:
+    """'step 4' or 'steps 1-3, 5'."""
+    return f"{'step' if len(set(steps)) == 1 else 'steps'} {span(steps)}"
+
+
 def span(steps: Sequence[int]) -> str:
     """Compact step list: 1-3, 5, 7-8."""
     items = sorted(set(steps))
@@ -87,7 +92,7 @@ def _order_problems(sig: Signature, run: str) -> list[StepProblem]:
                 "duplicate",
                 sig.rank,
                 tuple(dupes),
-                f"rank {sig.rank}: the {run} run recorded step {span(dupes)} more than once "
+                f"rank {sig.rank}: the {run} run recorded {steps_text(dupes)} more than once "
                 "(record() must be called once per step)",
             )
         )
@@ -117,7 +122,7 @@ def _step_problems(
                 "baseline-missing",
                 rank,
                 tuple(base_missing),
-                f"rank {rank}: the uninterrupted run never recorded step {span(base_missing)} "
+                f"rank {rank}: the uninterrupted run never recorded {steps_text(base_missing)} "
                 f"(it must record every step 1-{steps})",
             )
         )
@@ -154,7 +159,7 @@ def _step_problems(
                 "re-executed",
                 rank,
                 tuple(replayed),
-                f"rank {rank}: the resumed run re-executed step {span(replayed)}, which the "
+                f"rank {rank}: the resumed run re-executed {steps_text(replayed)}, which the "
                 f"checkpoint saved at step {split} had already done; the resume restarted "
                 f"from step {min(replayed)} instead of continuing at step {split + 1} "
                 "(step counter not restored?)",
@@ -167,7 +172,7 @@ def _step_problems(
                 "missing",
                 rank,
                 tuple(missing),
-                f"rank {rank}: the resumed run never recorded step {span(missing)} "
+                f"rank {rank}: the resumed run never recorded {steps_text(missing)} "
                 f"(expected every step {split + 1}-{steps})",
             )
         )
@@ -178,7 +183,7 @@ def _step_problems(
                 "extra",
                 rank,
                 tuple(extra),
-                f"rank {rank}: the resumed run recorded step {span(extra)}, past steps={steps}",
+                f"rank {rank}: the resumed run recorded {steps_text(extra)}, past steps={steps}",
             )
         )
     return problems

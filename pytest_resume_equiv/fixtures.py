@@ -24,7 +24,7 @@ from .orchestrate import (
     target_from_argv,
     target_from_callable,
 )
-from .report import format_launch_failure, format_outcome, format_plan_summary
+from .report import format_launch_failure, format_outcome, format_plan_summary, outcome_json
 from .settings import MarkerSpec, Resolved
 from .signature import Signature, read_run
 
@@ -80,6 +80,8 @@ class ResumeEquiv:
         self.root = root
         self._report_section = report_section
         self.outcome: Optional[ResumeOutcome] = None
+        self.records: list[dict[str, Any]] = []
+        """One JSON-able record per run() call, for --resume-equiv-report."""
 
     @property
     def steps(self) -> int:
@@ -141,19 +143,25 @@ class ResumeEquiv:
             for planned in plan.launches:
                 planned.spec.env.update(lease.env())
         partial = ResumeOutcome(plan)
+        self.records.append({"plan": [p.spec.name for p in plan.launches]})
         try:
             outcome = execute(plan, self.spec, on_launch=partial.launches.append)
         except LaunchFailed as exc:
+            self.records[-1].update(
+                outcome_json(partial), error=f"the {exc.result.spec.name} launch failed"
+            )
             role = "uninterrupted" if exc.result.spec.name.startswith("baseline") else "resumed"
             self._report_section(format_plan_summary(partial))
             _fail(f"{format_launch_failure(exc.result, role)}\n  ({self.root.kept_text()})")
         except ResumeEquivError as exc:
+            self.records[-1].update(outcome_json(partial), error=str(exc))
             self._report_section(format_plan_summary(partial))
             _fail(f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})")
         finally:
             if lease is not None:
                 lease.release()
         self.outcome = outcome
+        self.records[-1].update(outcome_json(outcome))
         self._report_section(format_plan_summary(outcome))
         if not outcome.equal:
             _fail(format_outcome(outcome, self.root.kept_text()))

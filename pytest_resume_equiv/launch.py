@@ -147,10 +147,9 @@ def launch_env(spec: LaunchSpec) -> dict[str, str]:
     """The variables a launch adds to the inherited environment (shown in the rerun line)."""
     extra = {CONTEXT_ENV: json.dumps(spec.context, sort_keys=True), "PYTHONUNBUFFERED": "1"}
     if spec.target.pythonpath:
-        current = os.environ.get("PYTHONPATH", "")
-        extra["PYTHONPATH"] = os.pathsep.join(
-            [*spec.target.pythonpath, *([current] if current else [])]
-        )
+        current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths = [*spec.target.pythonpath, *current]
+        extra["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if "OMP_NUM_THREADS" not in os.environ:
         extra["OMP_NUM_THREADS"] = "1"  # what torchrun sets anyway, without its warning
     extra.update(spec.env)

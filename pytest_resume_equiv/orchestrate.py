@@ -198,7 +198,7 @@ def build_plan(
             "run_dir": "{run_dir}",
             "checkpoint": "{checkpoint}",
         }
-        key = tuple(fill(a, probe, "command") for a in argv)
+        key = tuple(fill(a, probe, "command argument") for a in argv)
         groups.setdefault(key, []).append(split)
 
     baselines: list[PlannedLaunch] = []
@@ -209,7 +209,7 @@ def build_plan(
         values = {**base_values, "split": splits[0], "run_dir": run_dir}
         ckpt_template = fill(checkpoint, {**values, "split": "{split}"}, "checkpoint=")
         values["checkpoint"] = ckpt_template.replace("{split}", str(splits[0]))
-        args = [fill(a, values, "command") for a in argv]
+        args = [fill(a, values, "command argument") for a in argv]
         base = PlannedLaunch(
             make_spec(
                 name,
@@ -225,8 +225,8 @@ def build_plan(
             rname = f"resumed-split{split}"
             rdir = os.path.join(inputs.root, rname)
             rvalues = {**base_values, "split": split, "run_dir": rdir, "checkpoint": ckpt}
-            rargs = [fill(a, rvalues, "command") for a in argv] + [
-                fill(a, rvalues, "resume_args") for a in extra_resume
+            rargs = [fill(a, rvalues, "command argument") for a in argv] + [
+                fill(a, rvalues, "resume_args argument") for a in extra_resume
             ]
             resumed.append(
                 PlannedLaunch(

@@ -6,8 +6,9 @@ reused offline.
 
 from __future__ import annotations
 
-import os
+import json
 import re
+import tempfile
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class Prepared:
 
 
 PREPARED_KEY = pytest.StashKey[Prepared]()
+REPORT_KEY = pytest.StashKey[list]()
 FAILED_KEY = pytest.StashKey[bool]()
 
 
@@ -72,6 +74,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
     config.stash[SETTINGS_KEY] = resolve_session(config)
+    config.stash[REPORT_KEY] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = _settings(session.config)["report"]
+    if not path:
+        return
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
+    if worker:  # pytest-xdist: one file per worker, beside the requested path
+        path = f"{path}.{worker}"
+    entries = session.config.stash[REPORT_KEY]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {"format": "pytest-resume-equiv/report", "version": 1, "tests": entries}, f, indent=2
+        )
 
 
 def _settings(config: pytest.Config) -> SessionSettings:
@@ -141,10 +158,10 @@ def pytest_runtest_makereport(
 
 
 def _run_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunRoot:
-    name = re.sub(r"[\W]", "_", request.node.name)[:30]
-    path = tmp_path_factory.mktemp(f"resume-equiv-{name}", numbered=True)
-    os.chmod(path, 0o700)
-    return RunRoot(str(path), _settings(request.config)["keep"])
+    """A fresh private (0700) directory under pytest's base temp for one test's launches."""
+    name = re.sub(r"\W", "_", request.node.name)[:30]
+    path = tempfile.mkdtemp(prefix=f"resume-equiv-{name}-", dir=tmp_path_factory.getbasetemp())
+    return RunRoot(path, _settings(request.config)["keep"])
 
 
 @pytest.fixture
@@ -164,8 +181,21 @@ def resume_equiv(
     def section(text: str) -> None:
         node.add_report_section("call", "resume-equiv", text)
 
-    yield ResumeEquiv(prepared.spec, prepared.device, prepared.timeout, root, section)
-    root.finish(node.stash.get(FAILED_KEY, False))
+    fixture = ResumeEquiv(prepared.spec, prepared.device, prepared.timeout, root, section)
+    yield fixture
+    failed = node.stash.get(FAILED_KEY, False)
+    request.config.stash[REPORT_KEY].append(
+        {
+            "test": node.nodeid,
+            "outcome": "failed" if failed else "passed",
+            "steps": prepared.spec.steps,
+            "splits": list(prepared.spec.splits),
+            "ranks": prepared.spec.world_size,
+            "device": prepared.device.kind,
+            "runs": fixture.records,
+        }
+    )
+    root.finish(failed)
 
 
 @pytest.fixture

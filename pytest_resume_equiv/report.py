@@ -57,9 +57,9 @@ def format_comparison(cmp: Comparison) -> str:
     div = cmp.divergence
     if div is None:
         return f"split {cmp.split}: equal on all {cmp.world_size} ranks over {cmp.compared_steps} steps"
-    where = div.path if div.path == div.key else f"{div.path} (in {div.key!r})"
+    where = f"key {div.key!r}" + (f" at {div.path}" if div.path != div.key else "")
     lines = [
-        f"split {cmp.split}: first divergence at step {div.step}, rank {div.rank}, key {where!r}: {div.detail}",
+        f"split {cmp.split}: first divergence at step {div.step}, rank {div.rank}, {where}: {div.detail}",
         f"  [- uninterrupted] {readable(div.expected)}",
         f"  [+ resumed]       {readable(div.actual)}",
     ]
@@ -132,3 +132,44 @@ def format_plan_summary(outcome: ResumeOutcome) -> str:
     for verdict in outcome.verdicts:
         lines.append(format_comparison(verdict.comparison).splitlines()[0])
     return "\n".join(lines)
+
+
+def outcome_json(outcome: ResumeOutcome) -> dict:
+    """The machine-readable record of one test's launches and verdicts (JSON report)."""
+    launches = [
+        {
+            "name": r.spec.name,
+            "ranks": r.spec.world_size,
+            "seconds": round(r.duration, 3),
+            "ok": r.ok,
+            "timed_out": r.timed_out,
+            "run_dir": r.spec.run_dir,
+            "command": r.command,
+        }
+        for r in outcome.launches
+    ]
+    verdicts = []
+    for v in outcome.verdicts:
+        cmp = v.comparison
+        div = cmp.divergence
+        verdicts.append(
+            {
+                "split": v.split,
+                "equal": cmp.equal,
+                "compared_steps": cmp.compared_steps,
+                "problems": [p.message for p in cmp.problems],
+                "first_divergence": None
+                if div is None
+                else {
+                    "step": div.step,
+                    "rank": div.rank,
+                    "key": div.key,
+                    "path": div.path,
+                    "detail": div.detail,
+                    "uninterrupted": readable(div.expected),
+                    "resumed": readable(div.actual),
+                },
+                "divergent_keys": {str(k): keys for k, keys in cmp.divergent_keys.items()},
+            }
+        )
+    return {"launches": launches, "verdicts": verdicts}

@@ -1,0 +1,106 @@
+"""Helpers for the end-to-end tests: the trainers they run, and a process-leak probe."""
+
+import os
+
+CPU = ("-p", "resume_equiv", "--resume-equiv-device=cpu")
+"""Arguments that load the plugin and run ranks on CPU with gloo."""
+
+# The trainers every scenario writes into its pytester directory: one loop, one switch per bug.
+
+TRAINERS = """
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+import pytest_resume_equiv as req
+
+
+def _loop(ctx, restore_rng=True, restart=False, save=True):
+    ctx.init_process_group()
+    rank = ctx.rank
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(100 + rank)
+    start = 1
+    if ctx.resuming:
+        state = torch.load(os.path.join(ctx.checkpoint, f"rank-{rank}.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        if restore_rng:
+            torch.set_rng_state(state["rng"])
+        start = 1 if restart else state["step"] + 1
+    for step in range(start, ctx.steps + 1):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+        opt.step()
+        req.record(step, loss=loss.item(), weight=model[0].weight)
+        if save and ctx.should_save(step):
+            path = ctx.checkpoint_for(step)
+            os.makedirs(path, exist_ok=True)
+            state = {"model": model.state_dict(), "opt": opt.state_dict(),
+                     "rng": torch.get_rng_state(), "step": step}
+            torch.save(state, os.path.join(path, f"rank-{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def train(ctx):
+    _loop(ctx)
+
+
+def train_forgets_cpu_rng(ctx):
+    _loop(ctx, restore_rng=False)
+
+
+def train_restarts_from_zero(ctx):
+    _loop(ctx, restart=True)
+
+
+def train_never_saves(ctx):
+    _loop(ctx, save=False)
+
+
+def train_rank1_raises(ctx):
+    if ctx.rank == 1:
+        raise ValueError("boom on rank 1")
+    _loop(ctx)
+
+
+def rank1_killed(ctx):
+    print(f"rank {ctx.rank} says hello", flush=True)
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sleeps_forever(ctx):
+    time.sleep(300)
+
+
+def hello(ctx):
+    print(f"hello from rank {ctx.rank} of {ctx.world_size}")
+    req.record(1, rank=ctx.rank)
+"""
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment or command line contains `text` (Linux /proc)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        for part in ("environ", "cmdline"):
+            try:
+                with open(f"/proc/{name}/{part}", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(name))
+                        break
+            except OSError:
+                continue
+    return found

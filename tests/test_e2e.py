@@ -1,0 +1,374 @@
+"""End to end: a pytest session in a subprocess launches real torchrun ranks on CPU/gloo."""
+
+import json
+import os
+
+import pytest
+from helpers import CPU, processes_mentioning
+
+from pytest_resume_equiv.devices import DeviceUnavailable, select_device
+
+
+def test_correct_trainer_passes_with_one_and_two_ranks(trainers):
+    trainers.makepyfile(
+        test_ok="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train
+
+        @resume_equivalent(steps=6, split=3, nproc=1)
+        def test_one_rank(resume_equiv):
+            resume_equiv.run(train)
+
+        @resume_equivalent(steps=6, split=3, nproc=2)
+        def test_two_ranks(resume_equiv):
+            outcome = resume_equiv.run(train)
+            assert [v.comparison.compared_steps for v in outcome.verdicts] == [3]
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=2)
+    # passing tests remove their run directories (--resume-equiv-keep=failed)
+    assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
+
+
+def test_cpu_rng_not_restored_fails_at_step_4(trainers):
+    trainers.makepyfile(
+        test_rng="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_forgets_cpu_rng
+
+        @resume_equivalent(steps=6, split=3, nproc=2)
+        def test_rng(resume_equiv):
+            resume_equiv.run(train_forgets_cpu_rng)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-report=report.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*resumed training is not equivalent to the uninterrupted run*",
+            "*split 3: first divergence at step 4, rank 0, key 'loss': float differs*",
+            "*keys that differ at step 4: rank 0: loss, weight; rank 1: loss, weight*",
+            "*run directories (kept: --resume-equiv-keep=failed):*",
+            "*rerun the resumed launch by hand:*",
+            "*python* -m torch.distributed.run *--nproc-per-node=2*",
+        ]
+    )
+    text = result.stdout.str()
+    assert "  [- uninterrupted] " in text and "  [+ resumed]       " in text
+    assert "Traceback" not in text
+    kept = list(trainers.path.glob("runpytest-0/**/resumed-split3/signatures/rank-1.jsonl"))
+    assert len(kept) == 1
+
+    report = json.loads((trainers.path / "report.json").read_text())
+    (test,) = report["tests"]
+    assert (test["test"], test["outcome"], test["ranks"], test["splits"]) == ("test_rng.py::test_rng", "failed", 2, [3])
+    (run,) = test["runs"]
+    assert [launch["name"] for launch in run["launches"]] == ["baseline", "resumed-split3"]
+    (verdict,) = run["verdicts"]
+    first = verdict["first_divergence"]
+    assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
+
+
+def test_restart_from_step_0_is_reported_as_re_executed_steps(trainers):
+    trainers.makepyfile(
+        test_restart="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_restarts_from_zero
+
+        @resume_equivalent(steps=6, split=3, nproc=2)
+        def test_restart(resume_equiv):
+            resume_equiv.run(train_restarts_from_zero)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the resumed run did not record the steps it should have:*",
+            "*rank 0: the resumed run re-executed steps 1-3, which the checkpoint saved at step 3 had already done*",
+            "*rank 1: the resumed run re-executed steps 1-3*",
+        ]
+    )
+
+
+def test_split_list_runs_one_baseline_and_two_resumed_launches(trainers):
+    trainers.makepyfile(
+        test_splits="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train
+
+        @resume_equivalent(steps=6, split=[2, 4], nproc=2)
+        def test_splits(resume_equiv):
+            outcome = resume_equiv.run(train)
+            print("LAUNCHES", [r.spec.name for r in outcome.launches])
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-keep=all", "-s")
+    result.assert_outcomes(passed=1)
+    assert "LAUNCHES ['baseline', 'resumed-split2', 'resumed-split4']" in result.stdout.str()
+    (root,) = trainers.path.glob("runpytest-0/resume-equiv-test_splits*")
+    assert sorted(p.name for p in root.iterdir()) == [
+        "baseline",
+        "resumed-split2",
+        "resumed-split4",
+    ]
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+
+
+def test_bad_marker_arguments_error_that_test_only(pytester):
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=6, split=3, nprocs=2)
+        def test_unknown_keyword(resume_equiv):
+            pass
+
+        @resume_equivalent(steps=4, split=4)
+        def test_split_too_large(resume_equiv):
+            pass
+
+        @pytest.mark.resume_equivalent(steps="six", split=3)
+        def test_bad_type(resume_equiv):
+            pass
+
+        def test_unrelated():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1, errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*@resume_equivalent: unknown keyword 'nprocs' (did you mean 'nproc'?); valid keywords: steps, split, nproc, nnodes, timeout, tolerance, env, rng_mutation, interrupt",
+            "*@resume_equivalent: invalid split=4: every split must be an int with 1 <= split < steps=4",
+            "*@resume_equivalent: invalid steps='six': must be an int >= 2",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+
+
+def _has_accelerator() -> bool:
+    try:
+        select_device("auto", 1)
+    except DeviceUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_has_accelerator(), reason="this machine has an accelerator: auto would use it")
+def test_auto_skips_without_accelerator_and_require_device_fails(pytester):
+    pytester.makepyfile(
+        test_auto="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=4, split=2)
+        def test_needs_device(resume_equiv):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "resume_equiv", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "resume-equiv: device=auto -> no accelerator, resume tests skip (default), timeout=600s (default), keep=failed (default)",
+            "*no accelerator found (looked for cuda, npu (torch_npu), xpu); pass --resume-equiv-device=cpu*",
+        ]
+    )
+    strict = pytester.runpytest_subprocess("-p", "resume_equiv", "--resume-equiv-require-device")
+    strict.assert_outcomes(errors=1)
+    strict.stdout.fnmatch_lines(["*no accelerator found*(--resume-equiv-require-device is set)"])
+
+    cuda = pytester.runpytest_subprocess("-p", "resume_equiv", "--resume-equiv-device=cuda", "-rs")
+    cuda.assert_outcomes(skipped=1)
+    cuda.stdout.fnmatch_lines(["*needs 2 cuda device(s), found 0*"])
+
+
+def test_missing_checkpoint_is_a_clear_error(trainers):
+    trainers.makepyfile(
+        test_ckpt="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_never_saves
+
+        @resume_equivalent(steps=4, split=2, nproc=1)
+        def test_ckpt(resume_equiv):
+            resume_equiv.run(train_never_saves)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the uninterrupted run did not save a checkpoint at */baseline/checkpoints/step_2 (from checkpoint='*/baseline/checkpoints/step_{split}', split=2); the trainer must save there after step 2*",
+        ]
+    )
+    assert "resumed-split2" not in result.stdout.str()  # no resumed launch was started
+
+
+def test_crashing_rank_shows_its_traceback(trainers):
+    trainers.makepyfile(
+        test_crash="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_rank1_raises
+
+        @resume_equivalent(steps=4, split=2, nproc=2)
+        def test_crash(resume_equiv):
+            resume_equiv.run(train_rank1_raises)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the uninterrupted launch (baseline) failed (2 ranks, *",
+            "*rank 1: ValueError: boom on rank 1*",
+            "*--- last lines of rank 1 stderr (*/baseline/logs/rank-1.stderr) ---*",
+            "*Traceback (most recent call last):*",
+            "*ValueError: boom on rank 1*",
+            "*rerun by hand: cd * && env *",
+        ]
+    )
+
+
+def test_torchrun_fixture_runs_scripts_modules_and_functions(trainers):
+    trainers.makepyfile(
+        hello_script="""
+        import os
+        print("script on rank", os.environ["RANK"])
+        """,
+        test_launch="""
+        from trainers import hello
+
+        def test_launch_modes(torchrun):
+            for command in (["hello_script.py"], ["-m", "hello_script"]):
+                result = torchrun(command, nproc=2)
+                assert result.ok and [r.status for r in result.ranks] == ["ok", "ok"]
+                with open(result.rank_log(1, "stdout")) as f:
+                    assert f.read() == "script on rank 1\\n"
+            result = torchrun(hello, nproc=2)
+            with open(result.rank_log(0, "stdout")) as f:
+                assert f.read() == "hello from rank 0 of 2\\n"
+            sigs = torchrun.signatures(result)
+            assert [sigs[r].steps[0][1]["rank"] for r in (0, 1)] == [0, 1]
+        """,
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1)
+
+
+def test_rank_killed_by_a_signal_is_a_failure(trainers):
+    trainers.makepyfile(
+        test_killed="""
+        from trainers import rank1_killed
+
+        def test_killed(torchrun):
+            torchrun(rank1_killed, nproc=2)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*the torchrun launch (launch-1) failed*", "*rank 1: killed by SIGKILL*"]
+    )
+
+
+def test_timeout_dumps_stacks_and_leaves_nothing_running(trainers):
+    trainers.makepyfile(
+        test_hang="""
+        from trainers import sleeps_forever
+
+        def test_hang(torchrun):
+            torchrun(sleeps_forever, nproc=2, timeout=8)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the torchrun launch (launch-1) timed out after 8s and was killed*",
+            "*rank 0: still running at the timeout (killed)*",
+            "*in sleeps_forever*",
+        ]
+    )
+    assert processes_mentioning(str(trainers.path)) == []
+
+
+def test_invalid_session_option_fails_marked_tests_only(pytester, monkeypatch):
+    monkeypatch.setenv("PYTEST_RESUME_EQUIV_TIMEOUT", "soon")
+    pytester.makepyfile(
+        test_opts="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=4, split=2)
+        def test_marked(resume_equiv):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "resume-equiv: invalid settings, resume tests will fail: invalid timeout 'soon' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT: expected a positive number of seconds",
+            "*pytest-resume-equiv: invalid timeout 'soon' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT*",
+        ]
+    )
+
+
+def test_plugin_loads_with_autoload_disabled_and_can_be_disabled(pytester, monkeypatch):
+    pytester.makepyfile(
+        test_fixture="""
+        def test_uses_fixture(resume_equiv):
+            pass
+        """
+    )
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    loaded = pytester.runpytest_subprocess(
+        "-p", "resume_equiv", "--resume-equiv-device=cpu", "--resume-equiv-timeout=42"
+    )
+    loaded.assert_outcomes(errors=1)
+    loaded.stdout.fnmatch_lines(
+        [
+            "resume-equiv: device=cpu (command line --resume-equiv-device), timeout=42s (command line --resume-equiv-timeout), keep=failed (default)",
+            "*the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test*",
+        ]
+    )
+    markers = pytester.runpytest_subprocess("-p", "resume_equiv", "--markers")
+    markers.stdout.fnmatch_lines(
+        ["@pytest.mark.resume_equivalent(steps, split, nproc=2, nnodes=1, *"]
+    )
+    helptext = pytester.runpytest_subprocess("-p", "resume_equiv", "--help")
+    helptext.stdout.fnmatch_lines(
+        ["resume equivalence (pytest-resume-equiv):", "*--resume-equiv-device*"]
+    )
+
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    disabled = pytester.runpytest_subprocess("-p", "no:resume_equiv")
+    disabled.assert_outcomes(errors=1)
+    disabled.stdout.fnmatch_lines(["*fixture 'resume_equiv' not found*"])
+    assert "resume-equiv:" not in disabled.stdout.str()
+
+
+def test_run_dirs_are_private_and_removed_on_pass(trainers):
+    trainers.makepyfile(
+        test_private="""
+        import os, stat
+        from trainers import hello
+
+        def test_private(torchrun):
+            result = torchrun(hello, nproc=1)
+            root = os.path.dirname(result.spec.run_dir)
+            print("ROOT", root)
+            assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "-s")
+    result.assert_outcomes(passed=1)
+    (root,) = [x.split("ROOT ", 1)[1] for x in result.stdout.lines if "ROOT " in x]
+    assert root.startswith(str(trainers.path))
+    assert not os.path.exists(root)

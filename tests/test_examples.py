@@ -1,0 +1,17 @@
+"""The shipped examples run as a user runs them: their tests pass on CPU with gloo."""
+
+import shutil
+from pathlib import Path
+
+from helpers import CPU
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_minimal_example(pytester):
+    shutil.copytree(EXAMPLES / "minimal", pytester.path / "minimal")
+    result = pytester.runpytest_subprocess(*CPU, "-rP", "minimal")
+    result.assert_outcomes(passed=2)
+    text = result.stdout.str()
+    assert "split 3: equal on all 2 ranks over 3 steps" in text
+    assert "split 3: first divergence at step 4, rank 0, key 'loss': float differs" in text

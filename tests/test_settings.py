@@ -1,0 +1,188 @@
+"""The settings resolver and marker validation, without launching anything."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_resume_equiv.settings import (
+    OPTIONS,
+    SettingError,
+    parse_marker,
+    resolve,
+    resolve_session,
+)
+
+TIMEOUT = OPTIONS["timeout"]
+
+
+def test_precedence_default_ini_env_cli_marker():
+    assert resolve(TIMEOUT, None, {}, None).value == 600.0
+    assert resolve(TIMEOUT, ("30", "tox.ini"), {}, None).value == 30.0
+    env = {"PYTEST_RESUME_EQUIV_TIMEOUT": "40"}
+    assert resolve(TIMEOUT, ("30", "tox.ini"), env, None).value == 40.0
+    assert resolve(TIMEOUT, ("30", "tox.ini"), env, "50").value == 50.0
+    got = resolve(TIMEOUT, ("30", "tox.ini"), env, "50", marker=60)
+    assert (got.value, got.source) == (60.0, "marker @resume_equivalent(timeout=...)")
+
+
+def test_empty_env_value_is_unset():
+    got = resolve(TIMEOUT, ("30", "tox.ini"), {"PYTEST_RESUME_EQUIV_TIMEOUT": ""}, None)
+    assert (got.value, got.source) == (30.0, "ini option resume_equiv_timeout in tox.ini")
+
+
+@pytest.mark.parametrize(
+    ("ini", "env", "cli", "source"),
+    [
+        (("abc", "pytest.ini"), {}, None, "ini option resume_equiv_timeout in pytest.ini"),
+        (
+            None,
+            {"PYTEST_RESUME_EQUIV_TIMEOUT": "abc"},
+            None,
+            "environment variable PYTEST_RESUME_EQUIV_TIMEOUT",
+        ),
+        (None, {}, "abc", "command line --resume-equiv-timeout"),
+    ],
+)
+def test_bad_value_names_its_source(ini, env, cli, source):
+    with pytest.raises(SettingError) as err:
+        resolve(TIMEOUT, ini, env, cli)
+    assert (
+        str(err.value)
+        == f"invalid timeout 'abc' from {source}: expected a positive number of seconds"
+    )
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "nan", "inf"])
+def test_timeout_must_be_positive_and_finite(raw):
+    with pytest.raises(SettingError, match="positive number of seconds"):
+        resolve(TIMEOUT, None, {}, raw)
+
+
+def test_choice_and_bool_options():
+    assert (
+        resolve(OPTIONS["device"], None, {"PYTEST_RESUME_EQUIV_DEVICE": "CPU"}, None).value == "cpu"
+    )
+    with pytest.raises(
+        SettingError,
+        match="invalid device 'gpu' from command line --resume-equiv-device: expected one of auto, cpu, cuda, npu, xpu",
+    ):
+        resolve(OPTIONS["device"], None, {}, "gpu")
+    assert (
+        resolve(
+            OPTIONS["require_device"], None, {"PYTEST_RESUME_EQUIV_REQUIRE_DEVICE": "yes"}, None
+        ).value
+        is True
+    )
+    with pytest.raises(SettingError, match="expected true/false"):
+        resolve(OPTIONS["require_device"], ("maybe", "setup.cfg"), {}, None)
+    with pytest.raises(SettingError, match="expected one of failed, all, none"):
+        resolve(OPTIONS["keep"], None, {"PYTEST_RESUME_EQUIV_KEEP": "some"}, None)
+
+
+class FakeConfig:
+    def __init__(self, ini=None, cli=None):
+        self.inipath = "/p/pytest.ini"
+        self._ini = ini or {}
+        self._cli = cli or {}
+        self.option = SimpleNamespace()
+
+    def getini(self, name):
+        return self._ini.get(name)
+
+    def getoption(self, name, default=None):
+        return self._cli.get(name, default)
+
+
+def test_session_collects_errors_instead_of_raising():
+    config = FakeConfig(ini={"resume_equiv_keep": "sometimes"}, cli={"resume_equiv_device": "cpu"})
+    settings = resolve_session(config, env={"PYTEST_RESUME_EQUIV_TIMEOUT": "soon"})
+    assert settings["device"] == "cpu"
+    assert (
+        "invalid timeout 'soon' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT"
+        in settings.error
+    )
+    assert (
+        "invalid keep 'sometimes' from ini option resume_equiv_keep in /p/pytest.ini"
+        in settings.error
+    )
+
+
+def test_session_defaults():
+    settings = resolve_session(FakeConfig(), env={})
+    assert settings.error is None
+    assert (settings["device"], settings["timeout"], settings["keep"], settings["report"]) == (
+        "auto",
+        600.0,
+        "failed",
+        None,
+    )
+    assert settings.describe("device") == "auto (default)"
+
+
+def test_marker_defaults_and_split_list():
+    spec = parse_marker((), {"steps": 6, "split": [4, 2]})
+    assert (spec.steps, spec.splits, spec.nproc, spec.nnodes, spec.world_size) == (
+        6,
+        (2, 4),
+        2,
+        1,
+        2,
+    )
+    assert parse_marker((8, 3), {"nproc": 1}).splits == (3,)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (
+            (),
+            {"steps": 6, "split": 3, "nprocs": 2},
+            "unknown keyword 'nprocs' (did you mean 'nproc'?); valid keywords: steps, split, nproc",
+        ),
+        ((), {"split": 3}, "needs steps=..."),
+        ((), {"steps": 6}, "needs split=..."),
+        ((), {"steps": 1, "split": 1}, "invalid steps=1: must be >= 2"),
+        ((), {"steps": "6", "split": 3}, "invalid steps='6': must be an int >= 2"),
+        (
+            (),
+            {"steps": 6, "split": 6},
+            "invalid split=6: every split must be an int with 1 <= split < steps=6",
+        ),
+        ((), {"steps": 6, "split": 0}, "invalid split=0"),
+        ((), {"steps": 6, "split": [2, 2]}, "splits must be distinct"),
+        ((), {"steps": 6, "split": []}, "needs at least one step"),
+        ((), {"steps": 6, "split": 3, "nproc": 0}, "invalid nproc=0: must be >= 1"),
+        ((), {"steps": 6, "split": 3, "nnodes": True}, "invalid nnodes=True: must be an int >= 1"),
+        ((), {"steps": 6, "split": 3, "timeout": "x"}, "invalid timeout='x'"),
+        ((), {"steps": 6, "split": 3, "tolerance": (1e-5,)}, "invalid tolerance=(1e-05,)"),
+        (
+            (),
+            {"steps": 6, "split": 3, "tolerance": {"loss": (-1, 0)}},
+            "rtol and atol must be finite numbers >= 0",
+        ),
+        (
+            (),
+            {"steps": 6, "split": 3, "env": {"A": 1}},
+            "invalid env={'A': 1}: expected a dict of str to str",
+        ),
+        ((), {"steps": 6, "split": 3, "rng_mutation": "no"}, "invalid rng_mutation='no'"),
+        ((), {"steps": 6, "split": 3, "interrupt": "kill"}, "invalid interrupt='kill'"),
+        ((6, 3, 2), {}, "at most 2 positional arguments"),
+        ((6,), {"steps": 6, "split": 3}, "steps given both positionally and as a keyword"),
+    ],
+)
+def test_marker_errors_name_keyword_and_value(args, kwargs, message):
+    with pytest.raises(SettingError) as err:
+        parse_marker(args, kwargs)
+    assert message in str(err.value)
+    assert str(err.value).startswith("@resume_equivalent")
+
+
+def test_tolerance_forms():
+    assert parse_marker((), {"steps": 4, "split": 2, "tolerance": (1e-6, 0)}).tolerance == (
+        ("*", 1e-6, 0.0),
+    )
+    spec = parse_marker(
+        (), {"steps": 4, "split": 2, "tolerance": {"loss": (0, 1e-3), "param*": [1e-5, 0]}}
+    )
+    assert spec.tolerance == (("loss", 0.0, 1e-3), ("param*", 1e-5, 0.0))
