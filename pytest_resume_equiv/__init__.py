@@ -21,9 +21,17 @@ from typing import Any
 
 from .rank.context import RunContext, context
 from .rank.record import record
+from .rank.rng import track as _track
+from .rank.watch import watch
 
 __version__ = "0.1.0"
-__all__ = ["RunContext", "context", "record", "resume_equivalent", "__version__"]
+__all__ = ["RunContext", "context", "record", "resume_equivalent", "track", "watch", "__version__"]
+
+
+def track(generator: Any, name: str) -> None:
+    """Audit `generator` under `name` at every `record` (a no-op outside a test run)."""
+    if context() is not None:
+        _track(generator, name)
 
 
 def __getattr__(name: str) -> Any:

@@ -189,6 +189,11 @@ def _step_problems(
     return problems
 
 
+def is_audit_key(key: str) -> bool:
+    """Keys the in-rank audit added (`rng:...`, `watch:...`), not the user's own."""
+    return ":" in key
+
+
 def _tolerance_for(key: str, rules: Sequence[ToleranceRule]) -> Optional[tuple[float, float]]:
     for pattern, rtol, atol in rules:
         if fnmatch.fnmatchcase(key, pattern):
@@ -276,8 +281,14 @@ def compare_runs(
     split: int,
     steps: int,
     tolerance: Sequence[ToleranceRule] = (),
+    user_only: bool = False,
+    skip_steps: int = 0,
 ) -> Comparison:
-    """Compare every rank of a resumed launch with the uninterrupted launch."""
+    """Compare every rank of a resumed launch with the uninterrupted launch.
+
+    `user_only` ignores the automatic audit keys and `skip_steps` the first resumed steps:
+    the teeth check compares only what the user recorded after its perturbation.
+    """
     world_size = max(len(baseline), len(resumed))
     result = Comparison(split=split, steps=steps, world_size=world_size)
     for rank in range(world_size):
@@ -295,12 +306,22 @@ def compare_runs(
 
     base_steps = {rank: sig.by_step() for rank, sig in baseline.items()}
     res_steps = {rank: sig.by_step() for rank, sig in resumed.items()}
-    for step in range(split + 1, steps + 1):
+    first_step = split + 1 + skip_steps
+    for step in range(first_step, steps + 1):
         result.compared_steps += 1
         found_any = False
         for rank in range(world_size):
             a, b = base_steps[rank][step], res_steps[rank][step]
-            for key in sorted(set(a) | set(b)):
+            keys = set(a) | set(b)
+            if user_only:
+                keys = {k for k in keys if not is_audit_key(k)}
+            elif tolerance:
+                # Watched tensors are kept as fingerprints only, which a tolerance cannot
+                # apply to; RNG states stay exact either way.
+                keys = {k for k in keys if not k.startswith("watch:")}
+            # The user's own keys first: they are what the report shows as the divergence;
+            # the audit (rng:..., watch:...) explains it.
+            for key in sorted(keys, key=lambda k: (is_audit_key(k), k)):
                 if key not in a or key not in b:
                     diff: Optional[tuple[str, Any, Any, str]] = (
                         key,
@@ -321,7 +342,7 @@ def compare_runs(
             break
     div = result.divergence
     if div is not None:
-        for step in range(max(split + 1, div.step - 1), min(steps, div.step + 2) + 1):
+        for step in range(max(first_step, div.step - 1), min(steps, div.step + 2) + 1):
             a, b = base_steps[div.rank][step], res_steps[div.rank][step]
             result.context.append((step, a.get(div.key), b.get(div.key)))
     return result

@@ -66,22 +66,23 @@ def _fail(message: str) -> None:
 class ResumeEquiv:
     """Returned by the `resume_equiv` fixture: `run(...)` the trainer and compare the runs."""
 
-    def __init__(
-        self,
-        spec: MarkerSpec,
-        device: Device,
-        timeout: Resolved,
-        root: RunRoot,
-        report_section: Callable[[str], None],
-    ) -> None:
-        self.spec = spec
-        self.device = device
-        self.timeout = timeout
+    def __init__(self, prepared: Any, root: RunRoot, report_section: Callable[[str], None]) -> None:
+        self.spec: MarkerSpec = prepared.spec
+        self.device: Device = prepared.device
+        self.timeout: Resolved = prepared.timeout
+        self.rng_mutation: bool = prepared.rng_mutation
         self.root = root
         self._report_section = report_section
         self.outcome: Optional[ResumeOutcome] = None
         self.records: list[dict[str, Any]] = []
         """One JSON-able record per run() call, for --resume-equiv-report."""
+
+    def _parallel(self) -> int:
+        """Launches that fit side by side: CPU cores per rank on CPU; one on accelerators
+        (their devices are leased for the whole test)."""
+        if self.device.kind != "cpu":
+            return 1
+        return max(1, (os.cpu_count() or 1) // self.spec.world_size)
 
     @property
     def steps(self) -> int:
@@ -131,6 +132,7 @@ class ResumeEquiv:
                     env={**dict(self.spec.env), **(env or {})},
                     seed=seed,
                     cwd=cwd,
+                    rng_mutation=self.rng_mutation,
                 ),
                 command,
                 checkpoint=checkpoint,
@@ -145,7 +147,9 @@ class ResumeEquiv:
         partial = ResumeOutcome(plan)
         self.records.append({"plan": [p.spec.name for p in plan.launches]})
         try:
-            outcome = execute(plan, self.spec, on_launch=partial.launches.append)
+            outcome = execute(
+                plan, self.spec, on_launch=partial.launches.append, parallel=self._parallel()
+            )
         except LaunchFailed as exc:
             self.records[-1].update(
                 outcome_json(partial), error=f"the {exc.result.spec.name} launch failed"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from .compare import Comparison, compare_runs
+from .diagnose import Diagnosis, diagnose
 from .launch import LaunchResult, LaunchSpec, Target, launch
 from .settings import MarkerSpec
 from .signature import Signature, SignatureError, read_run
@@ -112,6 +115,11 @@ class PlannedLaunch:
 class ResumePlan:
     baselines: list[PlannedLaunch]
     resumed: list[PlannedLaunch]
+    controls: dict[str, PlannedLaunch] = field(default_factory=dict)
+    """Per baseline, a second uninterrupted launch: run only when a resume diverged, to tell
+    a resume bug from training that is not deterministic at all."""
+    teeth: Optional[PlannedLaunch] = None
+    """A resumed launch that perturbs every RNG stream after its first step (teeth check)."""
 
     @property
     def launches(self) -> list[PlannedLaunch]:
@@ -130,6 +138,7 @@ class PlanInputs:
     env: dict[str, str]
     seed: int
     cwd: Optional[str] = None
+    rng_mutation: bool = True
 
 
 def build_plan(
@@ -203,42 +212,43 @@ def build_plan(
 
     baselines: list[PlannedLaunch] = []
     resumed: list[PlannedLaunch] = []
-    for splits in groups.values():
-        name = "baseline" if len(groups) == 1 else f"baseline-split{splits[0]}"
+    controls: dict[str, PlannedLaunch] = {}
+    teeth: Optional[PlannedLaunch] = None
+
+    def baseline_launch(name: str, splits: list[int]) -> tuple[PlannedLaunch, str]:
         run_dir = os.path.join(inputs.root, name)
         values = {**base_values, "split": splits[0], "run_dir": run_dir}
-        ckpt_template = fill(checkpoint, {**values, "split": "{split}"}, "checkpoint=")
-        values["checkpoint"] = ckpt_template.replace("{split}", str(splits[0]))
+        template = fill(checkpoint, {**values, "split": "{split}"}, "checkpoint=")
+        values["checkpoint"] = template.replace("{split}", str(splits[0]))
         args = [fill(a, values, "command argument") for a in argv]
-        base = PlannedLaunch(
-            make_spec(
-                name,
-                run_dir,
-                args,
-                context("baseline", run_dir, splits[0], values["checkpoint"], ckpt_template),
-            ),
-            tuple(splits),
+        ctx = context("baseline", run_dir, splits[0], values["checkpoint"], template)
+        return PlannedLaunch(make_spec(name, run_dir, args, ctx), tuple(splits)), template
+
+    def resumed_launch(
+        phase: str, name: str, split: int, base: PlannedLaunch, template: str
+    ) -> PlannedLaunch:
+        ckpt = template.replace("{split}", str(split))
+        run_dir = os.path.join(inputs.root, name)
+        values = {**base_values, "split": split, "run_dir": run_dir, "checkpoint": ckpt}
+        args = [fill(a, values, "command argument") for a in argv]
+        args += [fill(a, values, "resume_args argument") for a in extra_resume]
+        ctx = context(phase, run_dir, split, ckpt, template)
+        return PlannedLaunch(
+            make_spec(name, run_dir, args, ctx), (split,), baseline=base, checkpoint=ckpt
         )
+
+    for splits in groups.values():
+        name = "baseline" if len(groups) == 1 else f"baseline-split{splits[0]}"
+        base, template = baseline_launch(name, splits)
         baselines.append(base)
+        controls[name] = baseline_launch(f"{name}-control", splits)[0]
         for split in splits:
-            ckpt = ckpt_template.replace("{split}", str(split))
-            rname = f"resumed-split{split}"
-            rdir = os.path.join(inputs.root, rname)
-            rvalues = {**base_values, "split": split, "run_dir": rdir, "checkpoint": ckpt}
-            rargs = [fill(a, rvalues, "command argument") for a in argv] + [
-                fill(a, rvalues, "resume_args argument") for a in extra_resume
-            ]
             resumed.append(
-                PlannedLaunch(
-                    make_spec(
-                        rname, rdir, rargs, context("resumed", rdir, split, ckpt, ckpt_template)
-                    ),
-                    (split,),
-                    baseline=base,
-                    checkpoint=ckpt,
-                )
+                resumed_launch("resumed", f"resumed-split{split}", split, base, template)
             )
-    return ResumePlan(baselines, resumed)
+            if teeth is None and inputs.rng_mutation and spec.steps >= split + 2:
+                teeth = resumed_launch("mutated", f"teeth-split{split}", split, base, template)
+    return ResumePlan(baselines, resumed, controls, teeth)
 
 
 @dataclass
@@ -247,6 +257,7 @@ class SplitVerdict:
     launch: LaunchResult
     baseline: LaunchResult
     comparison: Comparison
+    diagnosis: Optional[Diagnosis] = None
 
 
 @dataclass
@@ -254,10 +265,19 @@ class ResumeOutcome:
     plan: ResumePlan
     launches: list[LaunchResult] = field(default_factory=list)
     verdicts: list[SplitVerdict] = field(default_factory=list)
+    nondeterministic: Optional[Comparison] = None
+    """Set when a second uninterrupted launch differed from the first."""
+    toothless: Optional[Comparison] = None
+    """Set when the teeth check's perturbed run still matched: the test cannot catch RNG bugs."""
+
+    @property
+    def resume_equal(self) -> bool:
+        return bool(self.verdicts) and all(v.comparison.equal for v in self.verdicts)
 
     @property
     def equal(self) -> bool:
-        return bool(self.verdicts) and all(v.comparison.equal for v in self.verdicts)
+        """The test passes: every resume matched and the test has teeth."""
+        return self.resume_equal and self.toothless is None
 
 
 class LaunchFailed(ResumeEquivError):
@@ -298,15 +318,22 @@ def execute(
     spec: MarkerSpec,
     run: Callable[[LaunchSpec], LaunchResult] = launch,
     on_launch: Optional[Callable[[LaunchResult], None]] = None,
+    parallel: int = 1,
 ) -> ResumeOutcome:
-    """Run the plan; raises LaunchFailed / ResumeEquivError on anything but a comparison."""
+    """Run the plan; raises LaunchFailed / ResumeEquivError on anything but a comparison.
+
+    `parallel` is how many launches the machine runs at once without slowing each other;
+    the teeth check then runs beside the resumed launch of its split.
+    """
     outcome = ResumeOutcome(plan)
+    lock = threading.Lock()
 
     def go(planned: PlannedLaunch) -> LaunchResult:
         result = run(planned.spec)
-        outcome.launches.append(result)
-        if on_launch is not None:
-            on_launch(result)
+        with lock:
+            outcome.launches.append(result)
+            if on_launch is not None:
+                on_launch(result)
         if not result.ok:
             raise LaunchFailed(f"the {planned.spec.name} launch failed", result)
         return result
@@ -315,14 +342,64 @@ def execute(
     for planned in plan.baselines:
         result = go(planned)
         base_results[planned.spec.name] = (result, read_signatures(result))
-    for planned in plan.resumed:
-        assert planned.baseline is not None and planned.checkpoint is not None
-        if not os.path.exists(planned.checkpoint):
-            raise ResumeEquivError(_missing_checkpoint(planned))
-        base_result, base_sigs = base_results[planned.baseline.spec.name]
-        result = go(planned)
-        comparison = compare_runs(
-            base_sigs, read_signatures(result), planned.splits[0], spec.steps, spec.tolerance
-        )
-        outcome.verdicts.append(SplitVerdict(planned.splits[0], result, base_result, comparison))
+
+    teeth_future: Optional[Future] = None
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for planned in plan.resumed:
+            assert planned.baseline is not None and planned.checkpoint is not None
+            if not os.path.exists(planned.checkpoint):
+                raise ResumeEquivError(_missing_checkpoint(planned))
+            if (
+                plan.teeth is not None
+                and teeth_future is None
+                and parallel > 1
+                and plan.teeth.splits == planned.splits
+            ):
+                teeth_future = pool.submit(go, plan.teeth)
+            base_result, base_sigs = base_results[planned.baseline.spec.name]
+            result = go(planned)
+            res_sigs = read_signatures(result)
+            split = planned.splits[0]
+            comparison = compare_runs(base_sigs, res_sigs, split, spec.steps, spec.tolerance)
+            verdict = SplitVerdict(split, result, base_result, comparison)
+            if comparison.divergence is not None:
+                verdict.diagnosis = diagnose(comparison, _steps(base_sigs), _steps(res_sigs))
+            outcome.verdicts.append(verdict)
+
+        if outcome.resume_equal and plan.teeth is not None:
+            teeth = plan.teeth
+            assert teeth.baseline is not None
+            teeth_result = teeth_future.result() if teeth_future is not None else go(teeth)
+            base_sigs = base_results[teeth.baseline.spec.name][1]
+            check = compare_runs(
+                base_sigs,
+                read_signatures(teeth_result),
+                teeth.splits[0],
+                spec.steps,
+                spec.tolerance,
+                user_only=True,
+                skip_steps=1,
+            )
+            if check.equal:
+                outcome.toothless = check
+        elif teeth_future is not None:
+            teeth_future.cancel()
+
+    if not outcome.resume_equal:
+        # Blame the resume only if training is deterministic without one.
+        diverged = {
+            v.baseline.spec.name for v in outcome.verdicts if v.comparison.divergence is not None
+        }
+        for name in sorted(diverged):
+            control = go(plan.controls[name])
+            check = compare_runs(
+                base_results[name][1], read_signatures(control), 0, spec.steps, spec.tolerance
+            )
+            if not check.equal:
+                outcome.nondeterministic = check
+                break
     return outcome
+
+
+def _steps(signatures: dict[int, Signature]) -> dict[int, dict[int, dict[str, Any]]]:
+    return {rank: sig.by_step() for rank, sig in signatures.items()}

@@ -44,6 +44,7 @@ class Prepared:
     spec: MarkerSpec
     device: Device
     timeout: Resolved
+    rng_mutation: bool
 
 
 PREPARED_KEY = pytest.StashKey[Prepared]()
@@ -143,8 +144,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     timeout = settings.values["timeout"]
     if spec.timeout is not None:
         timeout = Resolved(spec.timeout, "marker @resume_equivalent(timeout=...)")
+    rng_mutation = settings["rng_mutation"] if spec.rng_mutation is None else spec.rng_mutation
     device = _device(item.config, spec.nproc)
-    item.stash[PREPARED_KEY] = Prepared(spec, device, timeout)
+    item.stash[PREPARED_KEY] = Prepared(spec, device, timeout, rng_mutation)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -181,7 +183,7 @@ def resume_equiv(
     def section(text: str) -> None:
         node.add_report_section("call", "resume-equiv", text)
 
-    fixture = ResumeEquiv(prepared.spec, prepared.device, prepared.timeout, root, section)
+    fixture = ResumeEquiv(prepared, root, section)
     yield fixture
     failed = node.stash.get(FAILED_KEY, False)
     request.config.stash[REPORT_KEY].append(

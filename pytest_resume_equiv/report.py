@@ -7,9 +7,11 @@ of context instead of walls of numbers.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from .compare import Comparison
+from .diagnose import Diagnosis
 from .launch import LaunchResult
 from .orchestrate import ResumeOutcome
 from .rank.layout import FLOAT_TAG, TENSOR_TAG
@@ -47,6 +49,10 @@ def _readable(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_readable(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def _shorten(keys: list[str], limit: int = 8) -> str:
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def format_comparison(cmp: Comparison) -> str:
@@ -106,11 +112,61 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
     return "\n".join(lines)
 
 
+DETERMINISM_KNOBS = (
+    "make training deterministic first: torch.use_deterministic_algorithms(True), "
+    "CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.backends.cuda.matmul.allow_tf32 = False, seed every "
+    "rank and every dataloader worker (generator= / worker_init_fn), no unseeded randomness; "
+    "or give tolerance= for keys whose kernels cannot be bitwise"
+)
+TEETH_ADVICE = (
+    "give it some: keep dropout on (p > 0) in the trained model, record values that depend on "
+    "random state (the sampled noise, timesteps, augmentation), or pass rng_mutation=False if "
+    "the training really uses no randomness"
+)
+
+
+def format_diagnosis(diag: Diagnosis) -> list[str]:
+    lines = [f"  likely cause ({diag.bug_class}): {diag.cause}"]
+    lines += [f"  note: {note}" for note in diag.notes]
+    return lines
+
+
 def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
+    if outcome.resume_equal and outcome.toothless is not None:
+        check = outcome.toothless
+        teeth = outcome.plan.teeth
+        assert teeth is not None
+        after = check.split + 2
+        return (
+            "this test has no teeth: every RNG stream was perturbed right after step "
+            f"{check.split + 1} of a resumed run (launch {teeth.spec.name}), and the recorded values "
+            f"at steps {after}-{check.steps} still matched the uninterrupted run on all "
+            f"{check.world_size} ranks, so the signature does not depend on random state and this "
+            f"test cannot catch RNG resume bugs; {TEETH_ADVICE}.\n"
+            f"run directories ({kept}): {os.path.dirname(teeth.spec.run_dir)}"
+        )
     failing = [v for v in outcome.verdicts if not v.comparison.equal]
-    lines = ["resumed training is not equivalent to the uninterrupted run"]
+    if outcome.nondeterministic is not None:
+        cmp = outcome.nondeterministic
+        div = cmp.divergence
+        first = (
+            f"first at step {div.step}, rank {div.rank}, key {div.key!r}: "
+            f"{readable(div.expected)} vs {readable(div.actual)}"
+            if div is not None
+            else "; ".join(p.message for p in cmp.problems)
+        )
+        head = [
+            "training is not deterministic even without a resume: a second uninterrupted run "
+            f"differs from the first ({first}); the resume is not to blame.",
+            f"  {DETERMINISM_KNOBS}.",
+        ]
+    else:
+        head = ["resumed training is not equivalent to the uninterrupted run"]
+    lines = list(head)
     for verdict in failing:
         lines.append(format_comparison(verdict.comparison))
+        if verdict.diagnosis is not None and outcome.nondeterministic is None:
+            lines += format_diagnosis(verdict.diagnosis)
     first = failing[0]
     lines += [
         f"run directories ({kept}):",

@@ -123,6 +123,13 @@ OPTIONS: dict[str, Option] = {
         Option(
             "report", "write a JSON report of every resume test to this path", None, parse_report
         ),
+        Option(
+            "rng_mutation",
+            "run the teeth check (one extra resumed launch with every RNG stream perturbed): "
+            "true (default) or false; the marker's rng_mutation= wins",
+            True,
+            parse_bool,
+        ),
     )
 }
 
@@ -215,7 +222,8 @@ class MarkerSpec:
     timeout: Optional[float] = None
     tolerance: tuple[tuple[str, float, float], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    rng_mutation: bool = True
+    rng_mutation: Optional[bool] = None
+    """None: not given on the marker (the session option decides)."""
     interrupt: str = "continue"
 
     @property
@@ -319,8 +327,8 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
             timeout = parse_timeout(timeout)
         except ValueError as exc:
             raise _marker_error("timeout", timeout, str(exc)) from None
-    rng_mutation = merged.get("rng_mutation", True)
-    if not isinstance(rng_mutation, bool):
+    rng_mutation = merged.get("rng_mutation")
+    if rng_mutation is not None and not isinstance(rng_mutation, bool):
         raise _marker_error("rng_mutation", rng_mutation, "must be True or False")
     interrupt = merged.get("interrupt", "continue")
     if interrupt not in INTERRUPTS:

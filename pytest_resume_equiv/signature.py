@@ -13,6 +13,10 @@ from typing import Any, Optional
 
 from .rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
 
+AUDIT_SECTIONS = ("rng", "watch")
+"""Automatic sections of a step record; read back as keys `rng:<stream>` / `watch:<obj.section>`
+beside the user's keys (which are Python identifiers, so they cannot collide)."""
+
 
 class SignatureError(Exception):
     """A signature file is missing, corrupted, or of a format this plugin cannot read."""
@@ -84,6 +88,11 @@ def read_signature(path: str) -> Signature:
         step, values = obj.get("step"), obj.get("values")
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(values, dict):
             raise SignatureError(f"{path}: line {lineno} is not a step record: {line[:120]}")
+        for section in AUDIT_SECTIONS:
+            audit = obj.get(section, {})
+            if not isinstance(audit, dict):
+                raise SignatureError(f"{path}: line {lineno}: {section!r} is not a JSON object")
+            values.update({f"{section}:{key}": value for key, value in audit.items()})
         steps.append((step, values))
     return Signature(path, header, steps, complete, truncated_tail=truncated)
 

@@ -62,7 +62,12 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
 
     report = json.loads((trainers.path / "report.json").read_text())
     (test,) = report["tests"]
-    assert (test["test"], test["outcome"], test["ranks"], test["splits"]) == ("test_rng.py::test_rng", "failed", 2, [3])
+    assert (test["test"], test["outcome"], test["ranks"], test["splits"]) == (
+        "test_rng.py::test_rng",
+        "failed",
+        2,
+        [3],
+    )
     (run,) = test["runs"]
     assert [launch["name"] for launch in run["launches"]] == ["baseline", "resumed-split3"]
     (verdict,) = run["verdicts"]

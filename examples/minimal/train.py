@@ -50,6 +50,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
     torch.manual_seed(1000 + rank)
+    req.watch(model=model, optimizer=optimizer, scheduler=scheduler)  # fingerprints per step
 
     start = 1
     if args.resume_from:

@@ -19,6 +19,7 @@ import traceback
 from typing import Any, Callable
 
 from . import record as _record
+from . import rng
 from .context import context
 from .layout import CONTEXT_ENV, log_path, pid_dir, status_path
 
@@ -102,6 +103,11 @@ def main(argv: list[str]) -> None:
         f.write(str(os.getpid()))
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
+    try:
+        rng.install()  # audit every torch.Generator the user's code creates
+    except ImportError:
+        pass
+    rng.seed_host_streams(ctx.seed)
     _record.open_signature()
 
     code = 0

@@ -34,7 +34,8 @@ class RunContext:
 
     @property
     def resuming(self) -> bool:
-        return self.phase == "resumed"
+        """True in every launch that starts from a checkpoint (also the teeth check's)."""
+        return self.phase in ("resumed", "mutated")
 
     @property
     def device(self) -> Any:

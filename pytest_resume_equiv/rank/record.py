@@ -8,6 +8,7 @@ import os
 import platform
 from typing import IO, Any, Optional
 
+from . import rng, watch
 from .context import RunContext, context
 from .encode import encode
 from .layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
@@ -29,7 +30,7 @@ class _SignatureWriter:
                 "local_rank": ctx.local_rank,
                 "world_size": ctx.world_size,
                 "phase": ctx.phase,
-                "split": ctx.split if ctx.phase == "resumed" else None,
+                "split": ctx.split if ctx.resuming else None,
                 "splits": list(ctx.splits),
                 "steps": ctx.steps,
                 "torch": _torch_version(),
@@ -48,7 +49,11 @@ class _SignatureWriter:
     def write_step(self, step: int, values: dict[str, Any]) -> None:
         if self.file is None:
             raise RuntimeError("record() called after the signature file was closed")
-        self._write({"step": step, "values": values})
+        line: dict[str, Any] = {"step": step, "values": values, "rng": rng.audit()}
+        watched = watch.audit()
+        if watched:
+            line["watch"] = watched
+        self._write(line)
         self.records += 1
 
     def close(self) -> None:
@@ -84,6 +89,10 @@ def record(step: int, **values: Any) -> None:
     if _writer is None:
         _writer = _SignatureWriter(ctx)
     _writer.write_step(step, encoded)
+    if ctx.phase == "mutated" and _writer.records == 1:
+        # The teeth check: from here on every random stream is unrelated to the baseline's,
+        # so a signature that still matches cannot depend on random state at all.
+        rng.perturb()
 
 
 def close() -> None:

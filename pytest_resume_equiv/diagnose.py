@@ -1,0 +1,266 @@
+"""Name the most likely cause of the first divergence, in words a user understands.
+
+Pure: it reads the comparison and the per-step records of both runs. Causes are checked in
+the order in which one can explain another: a random stream or the learning rate changes
+everything computed after it, so those come before parameters and recorded values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .compare import Comparison, is_audit_key, value_difference
+from .rank.layout import FLOAT_TAG
+
+Steps = dict[int, dict[int, dict[str, Any]]]
+"""rank -> step -> key -> encoded value."""
+
+ROUNDING = 1e-4
+"""Relative norm difference below which differing parameters count as rounding-level."""
+
+
+@dataclass
+class Diagnosis:
+    cause: str
+    bug_class: str
+    """Short name of the BUGS.md class the cause belongs to."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _stream(key: str) -> str:
+    return key[len("rng:") :]
+
+
+def _float(value: Any) -> Optional[float]:
+    if isinstance(value, dict) and FLOAT_TAG in value:
+        return float(value["repr"])
+    return None
+
+
+def _norm_gap(a: Any, b: Any) -> Optional[float]:
+    """Largest relative norm difference between two `{name: {hash, norm}}` sections."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    gaps = []
+    for name in set(a) & set(b):
+        x, y = _float(a[name].get("norm")), _float(b[name].get("norm"))
+        if x is None or y is None:
+            return None
+        gaps.append(abs(x - y) / max(abs(x), abs(y), 1e-30))
+    return max(gaps) if gaps else None
+
+
+def _first_diff_name(a: Any, b: Any) -> str:
+    found = value_difference(a, b, "", None)
+    if not found:
+        return ""
+    path = found[0]
+    return path.split("'")[1] if "'" in path else path
+
+
+def _collapsed(base: Steps, res: Steps, rank: int, step: int, key: str) -> bool:
+    """Rank `rank` (> 0) resumed with rank 0's stream: one rank's state loaded everywhere."""
+    if rank == 0 or key not in res[rank].get(step, {}) or key not in base[0].get(step, {}):
+        return False
+    return (
+        res[rank][step][key] == base[0][step][key]
+        and base[rank][step].get(key) != base[0][step][key]
+    )
+
+
+def _lr_shift(base: Steps, res: Steps, rank: int, step: int, key: str) -> Optional[int]:
+    value = res[rank][step].get(key)
+    for shift in (-1, 1):
+        other = base[rank].get(step + shift, {}).get(key)
+        if other is not None and other == value:
+            return shift
+    return None
+
+
+def diagnose(cmp: Comparison, base: Steps, res: Steps) -> Optional[Diagnosis]:
+    div = cmp.divergence
+    if div is None:
+        return None
+    step = div.step
+    signals = {rank: keys for rank, keys in sorted(cmp.divergent_keys.items()) if keys}
+    ranks = sorted(signals)
+    diag = _classify(signals, base, res, step, cmp.split)
+    if ranks and 0 not in ranks:
+        diag.notes.append(
+            f"rank 0 matches; only rank {', '.join(map(str, ranks))} differ: per-rank state "
+            "(RNG, data cursor, extra_state) was probably saved from rank 0 only, or keyed by "
+            "local rank instead of global rank"
+        )
+    return diag
+
+
+def _classify(
+    signals: dict[int, list[str]], base: Steps, res: Steps, step: int, split: int
+) -> Diagnosis:
+    def where(rank: int) -> str:
+        return f"rank {rank}, step {step}"
+
+    # 1. A generator owned by some module or sampler, while the global streams are fine.
+    for rank, keys in signals.items():
+        gens = [k for k in keys if k.startswith("rng:generator ")]
+        core = [
+            k for k in keys if k == "rng:cpu" or k.startswith(("rng:cuda:", "rng:npu:", "rng:xpu:"))
+        ]
+        if gens and not core:
+            site = _stream(gens[0])[len("generator ") :]
+            return Diagnosis(
+                f"{where(rank)}: the generator created at {site} differs while the CPU and device "
+                "generators match: its state was not restored (a module or sampler owns a "
+                "torch.Generator and re-seeds it when constructed; save and load its get_state())",
+                "owned generator",
+            )
+    # 2. The global streams: collapsed to rank 0's, or simply not restored.
+    stream_words = {
+        "cpu": (
+            "the CPU RNG (torch default generator)",
+            "torch.get_rng_state() not saved, or manual_seed called again after loading",
+        ),
+        "numpy": ("numpy's global RNG", "np.random.get_state() not saved and restored"),
+        "python": ("Python's random module", "random.getstate() not saved and restored"),
+    }
+    for prefix in ("rng:cpu", "rng:cuda:", "rng:npu:", "rng:xpu:", "rng:numpy", "rng:python"):
+        for rank, keys in signals.items():
+            hits = [k for k in keys if k.startswith(prefix)]
+            if not hits:
+                continue
+            key = hits[0]
+            name = _stream(key)
+            if _collapsed(base, res, rank, step, key):
+                return Diagnosis(
+                    f"{where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank 0's: "
+                    "one rank's RNG state was saved and loaded into every rank (save each rank's own)",
+                    "per-rank RNG collapsed",
+                )
+            if name in stream_words:
+                what, why = stream_words[name]
+                return Diagnosis(
+                    f"{where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
+                )
+            kind = name.split(":")[0]
+            return Diagnosis(
+                f"{where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
+                f"(torch.{kind}.get_rng_state_all() not saved, or only the current device restored)",
+                "device RNG",
+            )
+    # 3. Learning rate and scheduler.
+    for rank, keys in signals.items():
+        lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
+        if lr:
+            shift = _lr_shift(base, res, rank, step, lr[0])
+            if shift is not None:
+                return Diagnosis(
+                    f"{where(rank)}: the learning rate is shifted by one step ({lr[0][6:]} equals the "
+                    f"uninterrupted run's at step {step + shift}): the scheduler was saved before its "
+                    "step, or rebuilt/stepped after the optimizer state was loaded",
+                    "LR scheduler off by one",
+                )
+            return Diagnosis(
+                f"{where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
+                "state explains it: the LR scheduler was not restored (warmup restarted?)",
+                "LR scheduler missing",
+            )
+    # 4. Train/eval flags, buffers, optimizer state, other watched objects.
+    for rank, keys in signals.items():
+        for key in keys:
+            if key.endswith(".modes"):
+                a, b = base[rank][step].get(key) or [], res[rank][step].get(key) or []
+                flipped = sorted(set(a) ^ set(b))
+                return Diagnosis(
+                    f"{where(rank)}: module train/eval flags differ ({', '.join(flipped)} in eval mode "
+                    "in one run only): a submodule's mode is not the same after the resume",
+                    "train/eval flags",
+                )
+    for rank, keys in signals.items():
+        for key in keys:
+            if key.endswith(".buffers"):
+                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+                return Diagnosis(
+                    f"{where(rank)}: buffer {name} of {key[6:-8]} differs: buffers (e.g. BatchNorm "
+                    "running statistics) were not saved/restored, or saved from rank 0 only",
+                    "buffers",
+                )
+    for rank, keys in signals.items():
+        for key in keys:
+            if key.endswith((".state", ".hyper")) and key.startswith("watch:"):
+                obj = key[6:].rsplit(".", 1)[0]
+                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+                if _is_optimizer(base[rank][step], obj):
+                    return Diagnosis(
+                        f"{where(rank)}: the optimizer state differs ({name}): moments or step "
+                        "counts were not saved, or were reset after loading",
+                        "optimizer state",
+                    )
+                return Diagnosis(
+                    f"{where(rank)}: the state of the watched object '{obj}' differs ({name}): it "
+                    "was not saved or not restored (an EMA, loss scaler or similar)",
+                    "watched state",
+                )
+    # 5. Parameters.
+    user_differs = {rank: any(not is_audit_key(k) for k in keys) for rank, keys in signals.items()}
+    for rank, keys in signals.items():
+        params = [k for k in keys if k.endswith(".params")]
+        if not params:
+            continue
+        gap = _norm_gap(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
+        name = _first_diff_name(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
+        if gap is not None and gap < ROUNDING:
+            return Diagnosis(
+                f"{where(rank)}: parameter {name} differs only at rounding level (relative "
+                f"{gap:.1e}): fp32 master weights were rebuilt from low-precision weights instead "
+                "of being saved",
+                "master weights",
+            )
+        if step == split + 1 and user_differs.get(rank):
+            return Diagnosis(
+                f"{where(rank)}: parameters ({name}) and recorded values already differ at the first "
+                "resumed step with every RNG stream and learning rate matching: the loaded "
+                "weights are not the weights at save time (a torn or asynchronous checkpoint "
+                "mutated after the save call, or the wrong checkpoint loaded)",
+                "torn checkpoint",
+            )
+        return Diagnosis(
+            f"{where(rank)}: parameters differ ({name}) although the recorded values matched: the "
+            "optimizer state (moments, step count) or the gradient accumulation state was not "
+            "restored exactly",
+            "optimizer state",
+        )
+    # 6. Only what the user recorded differs.
+    rank, keys = next(iter(signals.items()))
+    user = [k for k in keys if not is_audit_key(k)]
+    recorded_ids = [k for k in base[rank][step] if not is_audit_key(k) and _is_id_key(k)]
+    differing_ids = [k for k in user if _is_id_key(k)]
+    if differing_ids:
+        return Diagnosis(
+            f"{where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG stream "
+            "matches: the data order was not restored (sampler epoch or permutation, or the "
+            "number of batches skipped after resuming)",
+            "data order",
+        )
+    if recorded_ids:
+        return Diagnosis(
+            f"{where(rank)}: sample content differs ({', '.join(user)}) while the sample ids "
+            f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
+            "(drawn from the main RNG when the iterator is created) were not restored",
+            "dataloader workers",
+        )
+    return Diagnosis(
+        f"{where(rank)}: recorded values differ ({', '.join(user)}) while every audited RNG stream "
+        "and watched state matches: state the audit does not see was not restored (data "
+        "loader workers or position, a custom object); record its inputs or watch() it",
+        "unaudited state",
+    )
+
+
+def _is_id_key(key: str) -> bool:
+    low = key.lower()
+    return low.endswith(("id", "ids", "index", "indices")) or "sample_id" in low
+
+
+def _is_optimizer(values: dict[str, Any], obj: str) -> bool:
+    return f"watch:{obj}.lr" in values

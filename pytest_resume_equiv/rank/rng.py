@@ -1,0 +1,186 @@
+"""Audit every random stream of a rank: CPU, each local accelerator, numpy, Python, and
+every `torch.Generator` the process created, named by where it was created.
+
+Generators are found by wrapping `torch.Generator` construction once the in-rank API is active
+(the bootstrap does it before the user's code runs), because a generator owned by some module
+or sampler and re-seeded at construction is the resume bug nobody thinks to save.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import weakref
+from typing import Any, Optional
+
+from .fingerprint import content_hash, hash_bytes
+
+_TORCH_DIR: Optional[str] = None
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_generators: list[tuple[str, weakref.ref, bool]] = []
+"""(creation site or given name, weak reference, named?) in creation order."""
+_installed = False
+
+
+def creation_site() -> str:
+    """The first frame outside torch and this package: where user code made the generator."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_OUR_DIR) and not (_TORCH_DIR and path.startswith(_TORCH_DIR)):
+            return f"{_short(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def _short(path: str) -> str:
+    """A path relative to the working directory when inside it, else the last two parts."""
+    cwd = os.getcwd()
+    if path.startswith(cwd + os.sep):
+        return os.path.relpath(path, cwd)
+    parts = path.split(os.sep)
+    return os.sep.join(parts[-2:])
+
+
+def _register(generator: Any, name: Optional[str] = None) -> None:
+    _generators.append((name or creation_site(), weakref.ref(generator), name is not None))
+
+
+def _live_generators() -> list[tuple[str, Any]]:
+    """(identity, generator) of the live generators, in creation order.
+
+    The ordinal counts live generators per site, so a sampler that makes a fresh generator
+    every epoch is 'site #0' in both runs even though the resumed run made fewer of them.
+    """
+    global _generators
+    _generators = [entry for entry in _generators if entry[1]() is not None]
+    counts: dict[str, int] = {}
+    live = []
+    for site, ref, named in _generators:
+        generator = ref()
+        if named:
+            live.append((site, generator))
+            continue
+        ordinal = counts.get(site, 0)
+        counts[site] = ordinal + 1
+        live.append((f"{site} #{ordinal}", generator))
+    return live
+
+
+def install() -> None:
+    """Wrap `torch.Generator` so every generator created from now on is audited."""
+    global _installed, _TORCH_DIR
+    if _installed:
+        return
+    import torch
+
+    _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    real = torch._C.Generator
+
+    class _GeneratorType(type):
+        # isinstance/issubclass keep answering for real generators (the default ones too).
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, real)
+
+        def __getattr__(cls, name: str) -> Any:
+            return getattr(real, name)
+
+    class Generator(metaclass=_GeneratorType):
+        __doc__ = real.__doc__
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            generator = real(*args, **kwargs)
+            _register(generator)
+            return generator
+
+    Generator.__module__ = "torch"
+    Generator.__qualname__ = "Generator"
+    torch.Generator = Generator
+    _installed = True
+
+
+def track(generator: Any, name: str) -> None:
+    """Audit `generator` under `name` (also for generators made before the API was active)."""
+    for i, (_, ref, _) in enumerate(_generators):
+        if ref() is generator:
+            _generators[i] = (name, ref, True)
+            return
+    _register(generator, name)
+
+
+def _device_modules() -> list[tuple[str, Any]]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    out = []
+    for kind in ("cuda", "npu", "xpu"):
+        module = getattr(torch, kind, None)
+        initialized = getattr(module, "is_initialized", None)
+        # Never initialize a device stack just to audit it: a CPU run must stay on CPU.
+        if module is not None and callable(initialized) and initialized():
+            out.append((kind, module))
+    return out
+
+
+def audit() -> dict[str, str]:
+    """A fingerprint of the current state of every random stream of this process."""
+    streams: dict[str, str] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        streams["cpu"] = content_hash(torch.get_rng_state())
+        for kind, module in _device_modules():
+            for index, state in enumerate(module.get_rng_state_all()):
+                streams[f"{kind}:{index}"] = content_hash(state)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        name, keys, pos, has_gauss, gauss = numpy.random.get_state()
+        # The whole state, position included: the key array changes only every 624 draws.
+        streams["numpy"] = hash_bytes(keys.tobytes() + struct.pack("<iid", pos, has_gauss, gauss))
+    if "random" in sys.modules:
+        import random
+
+        streams["python"] = hash_bytes(repr(random.getstate()).encode())
+    for identity, generator in _live_generators():
+        streams[f"generator {identity}"] = content_hash(generator.get_state())
+    return streams
+
+
+def perturb() -> None:
+    """Move every random stream to an unrelated state (the teeth check of a test)."""
+    salt = 0x5EED
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(torch.initial_seed() ^ salt)
+        for _, module in _device_modules():
+            module.manual_seed_all(salt)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(salt)
+    if "random" in sys.modules:
+        import random
+
+        random.seed(salt)
+    for _, generator in _live_generators():
+        generator.manual_seed(generator.initial_seed() ^ salt)
+
+
+def seed_host_streams(seed: int) -> None:
+    """Start Python's and numpy's global RNGs from `seed` in every launch.
+
+    Both are seeded from the OS at import, so a trainer that never seeds them would show
+    them as different in every pair of runs; seeded alike, they differ only when a resume
+    really loses their state.
+    """
+    import random
+
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed % 2**32)

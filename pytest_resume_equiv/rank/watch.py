@@ -1,0 +1,132 @@
+"""`watch(model=..., optimizer=..., scheduler=..., **named)`: exact fingerprints of training
+state at every `record`, so a divergence can be traced to the state that was not restored.
+
+Sections per watched object: `params` / `buffers` (hash per tensor, plus norms so a
+rounding-level difference can be told apart), `modes` (modules in eval mode), and for
+optimizers `lr`, `hyper`, `state` (each moment / step count) and `params` (the tensors the
+optimizer updates: fp32 master weights when they are not the model's). Anything else is
+stored through its `state_dict()` when it has one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .encode import encode, encode_float
+from .fingerprint import content_hash
+
+_watched: dict[str, Any] = {}
+
+
+def watch(**objects: Any) -> None:
+    """Fingerprint these objects at every `record` from now on (a no-op outside a test run)."""
+    from .context import context
+
+    if context() is None:
+        return
+    for name, obj in objects.items():
+        if obj is None:
+            _watched.pop(name, None)
+        else:
+            _watched[name] = obj
+
+
+def _norm(tensor: Any) -> Any:
+    import torch
+
+    local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
+    value = float(local.detach().to(torch.float64).norm()) if local.numel() else 0.0
+    return encode_float(value)
+
+
+def _tensors(named: Any) -> dict[str, Any]:
+    return {name: {"hash": content_hash(t), "norm": _norm(t)} for name, t in named}
+
+
+def _param_names() -> dict[int, str]:
+    names: dict[int, str] = {}
+    torch = sys.modules.get("torch")
+    for obj_name, obj in _watched.items():
+        if torch is not None and isinstance(obj, torch.nn.Module):
+            for pname, param in obj.named_parameters():
+                names.setdefault(id(param), f"{obj_name}.{pname}")
+    return names
+
+
+def _module(module: Any) -> dict[str, Any]:
+    return {
+        "params": _tensors(module.named_parameters()),
+        "buffers": _tensors(module.named_buffers()),
+        "modes": sorted(name or "<root>" for name, m in module.named_modules() if not m.training),
+    }
+
+
+def _optimizer(optimizer: Any, names: dict[int, str]) -> dict[str, Any]:
+    torch = sys.modules["torch"]
+    lr, hyper, state, params = [], [], {}, {}
+    for g, group in enumerate(optimizer.param_groups):
+        lr.append(encode(group.get("lr"), "lr"))
+        hyper.append(
+            {
+                k: encode(v, k) if not isinstance(v, torch.Tensor) else content_hash(v)
+                for k, v in sorted(group.items())
+                if k not in ("params", "lr")
+                and isinstance(v, (int, float, bool, str, tuple, list, type(None), torch.Tensor))
+            }
+        )
+        for i, param in enumerate(group["params"]):
+            name = names.get(id(param), f"group{g}.param{i}")
+            params[name] = {"hash": content_hash(param), "norm": _norm(param)}
+            entries = optimizer.state.get(param, {})
+            state[name] = {
+                k: content_hash(v) if isinstance(v, torch.Tensor) else encode(v, k)
+                for k, v in sorted(entries.items())
+            }
+    return {"lr": lr, "hyper": hyper, "state": state, "params": params}
+
+
+def _scheduler(scheduler: Any) -> dict[str, Any]:
+    return {
+        "last_lr": [encode(float(x), "lr") for x in scheduler.get_last_lr()],
+        "last_epoch": encode(getattr(scheduler, "last_epoch", None), "last_epoch"),
+    }
+
+
+def _state_dict(value: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return content_hash(value)
+    if isinstance(value, dict):
+        return {str(k): _state_dict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_state_dict(v) for v in value]
+    try:
+        return encode(value, "state")
+    except TypeError:
+        return repr(value)
+
+
+def audit() -> dict[str, Any]:
+    """`{"<object>.<section>": value}` for every watched object."""
+    if not _watched:
+        return {}
+    torch = sys.modules["torch"]
+    names = _param_names()
+    out: dict[str, Any] = {}
+    for name, obj in _watched.items():
+        if isinstance(obj, torch.nn.Module):
+            sections = _module(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            sections = _optimizer(obj, names)
+        elif callable(getattr(obj, "get_last_lr", None)):
+            sections = _scheduler(obj)
+        elif isinstance(obj, torch.Tensor):
+            sections = {"tensor": content_hash(obj)}
+        elif callable(getattr(obj, "state_dict", None)):
+            sections = {"state": _state_dict(obj.state_dict())}
+        else:
+            sections = {"value": _state_dict(obj)}
+        for section, value in sections.items():
+            out[f"{name}.{section}"] = value
+    return out
