@@ -63,6 +63,12 @@ class Comparison:
         return not self.problems and self.divergence is None
 
 
+EARLY_STOP = (
+    " (a data iterator saved exhausted at an epoch boundary, or a stop condition that counts "
+    "from the resume?)"
+)
+
+
 def steps_text(steps: Sequence[int]) -> str:
     """'step 4' or 'steps 1-3, 5'."""
     return f"{'step' if len(set(steps)) == 1 else 'steps'} {span(steps)}"
@@ -134,7 +140,8 @@ def _step_problems(
                 "missing",
                 rank,
                 tuple(sorted(expected)),
-                f"rank {rank}: the resumed run recorded no steps (expected {span(expected)})",
+                f"rank {rank}: the resumed run recorded no steps (expected {span(expected)}): it "
+                f"stopped right after loading{EARLY_STOP}",
             )
         )
         return problems
@@ -153,7 +160,17 @@ def _step_problems(
         )
         return problems
     replayed = sorted(s for s in got if s <= split)
-    if replayed:
+    if replayed == [split]:
+        problems.append(
+            StepProblem(
+                "re-executed",
+                rank,
+                (split,),
+                f"rank {rank}: the resumed run re-executed step {split}, the step the checkpoint was "
+                "saved after: the global step counter was saved or restored off by one",
+            )
+        )
+    elif replayed:
         problems.append(
             StepProblem(
                 "re-executed",
@@ -173,7 +190,12 @@ def _step_problems(
                 rank,
                 tuple(missing),
                 f"rank {rank}: the resumed run never recorded {steps_text(missing)} "
-                f"(expected every step {split + 1}-{steps})",
+                f"(expected every step {split + 1}-{steps})"
+                + (
+                    f": it stopped early{EARLY_STOP}"
+                    if missing[-1] == steps and set(got) < expected
+                    else ""
+                ),
             )
         )
     extra = sorted(s for s in got if s > steps)

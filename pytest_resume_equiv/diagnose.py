@@ -16,8 +16,9 @@ from .rank.layout import FLOAT_TAG
 Steps = dict[int, dict[int, dict[str, Any]]]
 """rank -> step -> key -> encoded value."""
 
-ROUNDING = 1e-4
-"""Relative norm difference below which differing parameters count as rounding-level."""
+ROUNDING = 1e-2
+"""Relative norm difference below which differing master weights count as rounding-level
+(bf16 keeps about 3 significant digits)."""
 
 
 @dataclass
@@ -75,6 +76,21 @@ def _lr_shift(base: Steps, res: Steps, rank: int, step: int, key: str) -> Option
         other = base[rank].get(step + shift, {}).get(key)
         if other is not None and other == value:
             return shift
+    return None
+
+
+def _scheduler_restarted(
+    base: Steps, res: Steps, rank: int, step: int, split: int
+) -> Optional[bool]:
+    """True: the resumed scheduler counts from the resume; False: off by one; None: unknown."""
+    for key, value in res[rank][step].items():
+        if key.startswith("watch:") and key.endswith(".last_epoch"):
+            ours, theirs = value, base[rank][step].get(key)
+            if not isinstance(ours, int) or not isinstance(theirs, int) or ours == theirs:
+                return None
+            if ours <= step - split < theirs:
+                return True
+            return False if abs(ours - theirs) == 1 else None
     return None
 
 
@@ -148,24 +164,63 @@ def _classify(
                 f"(torch.{kind}.get_rng_state_all() not saved, or only the current device restored)",
                 "device RNG",
             )
-    # 3. Learning rate and scheduler.
+    # 3. The optimizer stepped a different number of times (and the scheduler with it).
     for rank, keys in signals.items():
         lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
-        if lr:
-            shift = _lr_shift(base, res, rank, step, lr[0])
-            if shift is not None:
-                return Diagnosis(
-                    f"{where(rank)}: the learning rate is shifted by one step ({lr[0][6:]} equals the "
-                    f"uninterrupted run's at step {step + shift}): the scheduler was saved before its "
-                    "step, or rebuilt/stepped after the optimizer state was loaded",
-                    "LR scheduler off by one",
-                )
+        if lr and _optimizer_steps_differ(base, res, rank, step, keys):
             return Diagnosis(
-                f"{where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
-                "state explains it: the LR scheduler was not restored (warmup restarted?)",
+                f"{where(rank)}: the optimizer and the LR scheduler stepped a different number of "
+                "times (the optimizer's step count differs): the gradient-accumulation micro-step "
+                "counter or the partially accumulated gradients were not restored",
+                "gradient accumulation",
+            )
+    # 4. Learning rate and scheduler.
+    for rank, keys in signals.items():
+        lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
+        if not lr:
+            continue
+        restarted = _scheduler_restarted(base, res, rank, step, split)
+        if restarted is True:
+            return Diagnosis(
+                f"{where(rank)}: the learning rate differs ({lr[0][6:]}) and the scheduler counts "
+                "its steps from the resume, not from the start: the LR scheduler was not "
+                "restored (warmup restarted)",
                 "LR scheduler missing",
             )
-    # 4. Train/eval flags, buffers, optimizer state, other watched objects.
+        shift = _lr_shift(base, res, rank, step, lr[0])
+        if restarted is False or shift is not None:
+            return Diagnosis(
+                f"{where(rank)}: the learning rate is shifted by one step ({lr[0][6:]}): the "
+                "scheduler was saved before its step, or rebuilt/stepped after the optimizer "
+                "state was loaded",
+                "LR scheduler off by one",
+            )
+        return Diagnosis(
+            f"{where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
+            "state explains it: the LR scheduler was not restored (warmup restarted?)",
+            "LR scheduler missing",
+        )
+    # 5. The data: which samples, and what they contain.
+    for rank, keys in signals.items():
+        user = [k for k in keys if not is_audit_key(k)]
+        differing_ids = [k for k in user if _is_id_key(k)]
+        if differing_ids:
+            return Diagnosis(
+                f"{where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
+                "stream matches: the data order was not restored (sampler epoch or permutation, "
+                "or the number of batches skipped after resuming)",
+                "data order",
+            )
+        recorded_ids = [k for k in base[rank][step] if not is_audit_key(k) and _is_id_key(k)]
+        content = [k for k in user if _is_content_key(k)]
+        if recorded_ids and content:
+            return Diagnosis(
+                f"{where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
+                f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
+                "(derived from a main-process RNG when the iterator is made) were not restored",
+                "dataloader workers",
+            )
+    # 6. Train/eval flags.
     for rank, keys in signals.items():
         for key in keys:
             if key.endswith(".modes"):
@@ -176,6 +231,27 @@ def _classify(
                     "in one run only): a submodule's mode is not the same after the resume",
                     "train/eval flags",
                 )
+    # 7. Wrong weights loaded: the very first resumed step already computes something else.
+    for rank, keys in signals.items():
+        user = [k for k in keys if not is_audit_key(k)]
+        model_params = [
+            k
+            for k in keys
+            if k.endswith(".params") and not _is_optimizer(base[rank][step], k[6:-7])
+        ]
+        if step == split + 1 and user and model_params:
+            name = _first_diff_name(
+                base[rank][step].get(model_params[0]), res[rank][step].get(model_params[0])
+            )
+            return Diagnosis(
+                f"{where(rank)}: the recorded values ({', '.join(user)}) and parameters ({name}) "
+                "already differ at the first resumed step while every RNG stream, the learning "
+                "rate and the data match: the loaded weights are not the weights at save time (an "
+                "asynchronous or torn checkpoint written after the tensors changed, or the wrong "
+                "checkpoint loaded)",
+                "torn checkpoint",
+            )
+    # 8. Buffers.
     for rank, keys in signals.items():
         for key in keys:
             if key.endswith(".buffers"):
@@ -185,74 +261,65 @@ def _classify(
                     "running statistics) were not saved/restored, or saved from rank 0 only",
                     "buffers",
                 )
+    # 9. Master weights: the optimizer updates its own copies of the parameters (names it
+    # could not map to a watched model), and they differ only at low-precision rounding level.
     for rank, keys in signals.items():
         for key in keys:
-            if key.endswith((".state", ".hyper")) and key.startswith("watch:"):
-                obj = key[6:].rsplit(".", 1)[0]
-                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
-                if _is_optimizer(base[rank][step], obj):
-                    return Diagnosis(
-                        f"{where(rank)}: the optimizer state differs ({name}): moments or step "
-                        "counts were not saved, or were reset after loading",
-                        "optimizer state",
-                    )
+            if not key.endswith(".params") or not _is_optimizer(base[rank][step], key[6:-7]):
+                continue
+            a, b = base[rank][step].get(key) or {}, res[rank][step].get(key) or {}
+            own = {n: v for n, v in a.items() if n.startswith("group")}
+            gap = _norm_gap(own, {n: b[n] for n in own if n in b})
+            if own and gap is not None and gap < ROUNDING:
                 return Diagnosis(
-                    f"{where(rank)}: the state of the watched object '{obj}' differs ({name}): it "
-                    "was not saved or not restored (an EMA, loss scaler or similar)",
+                    f"{where(rank)}: the optimizer's own copies of the parameters (master weights) "
+                    f"differ only at rounding level (relative {gap:.1e}): fp32 master weights were "
+                    "rebuilt from the low-precision model weights instead of being saved",
+                    "master weights",
+                )
+    # 10. Optimizer state, then other watched objects (an EMA follows the model: after).
+    for rank, keys in signals.items():
+        for key in keys:
+            obj, _, section = key[6:].rpartition(".")
+            if (
+                key.startswith("watch:")
+                and section in ("state", "hyper")
+                and _is_optimizer(base[rank][step], obj)
+            ):
+                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+                return Diagnosis(
+                    f"{where(rank)}: the optimizer state differs ({name}): moments or step "
+                    "counts were not saved, or were reset after loading",
+                    "optimizer state",
+                )
+    for rank, keys in signals.items():
+        for key in keys:
+            if not key.startswith("watch:"):
+                continue
+            obj, section = key[6:].rsplit(".", 1)
+            name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+            if obj != "model" and not _is_optimizer(base[rank][step], obj) and section != "lr":
+                return Diagnosis(
+                    f"{where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
+                    "state was not saved or not restored (an EMA, loss scaler or similar)",
                     "watched state",
                 )
-    # 5. Parameters.
-    user_differs = {rank: any(not is_audit_key(k) for k in keys) for rank, keys in signals.items()}
     for rank, keys in signals.items():
         params = [k for k in keys if k.endswith(".params")]
-        if not params:
-            continue
-        gap = _norm_gap(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
-        name = _first_diff_name(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
-        if gap is not None and gap < ROUNDING:
+        if params:
+            name = _first_diff_name(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
             return Diagnosis(
-                f"{where(rank)}: parameter {name} differs only at rounding level (relative "
-                f"{gap:.1e}): fp32 master weights were rebuilt from low-precision weights instead "
-                "of being saved",
-                "master weights",
+                f"{where(rank)}: parameters differ ({name}) although the recorded values matched: "
+                "the optimizer state (moments, step count) was not restored exactly",
+                "optimizer state",
             )
-        if step == split + 1 and user_differs.get(rank):
-            return Diagnosis(
-                f"{where(rank)}: parameters ({name}) and recorded values already differ at the first "
-                "resumed step with every RNG stream and learning rate matching: the loaded "
-                "weights are not the weights at save time (a torn or asynchronous checkpoint "
-                "mutated after the save call, or the wrong checkpoint loaded)",
-                "torn checkpoint",
-            )
-        return Diagnosis(
-            f"{where(rank)}: parameters differ ({name}) although the recorded values matched: the "
-            "optimizer state (moments, step count) or the gradient accumulation state was not "
-            "restored exactly",
-            "optimizer state",
-        )
-    # 6. Only what the user recorded differs.
+    # 11. Only what the user recorded differs, and nothing audited explains it.
     rank, keys = next(iter(signals.items()))
     user = [k for k in keys if not is_audit_key(k)]
-    recorded_ids = [k for k in base[rank][step] if not is_audit_key(k) and _is_id_key(k)]
-    differing_ids = [k for k in user if _is_id_key(k)]
-    if differing_ids:
-        return Diagnosis(
-            f"{where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG stream "
-            "matches: the data order was not restored (sampler epoch or permutation, or the "
-            "number of batches skipped after resuming)",
-            "data order",
-        )
-    if recorded_ids:
-        return Diagnosis(
-            f"{where(rank)}: sample content differs ({', '.join(user)}) while the sample ids "
-            f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
-            "(drawn from the main RNG when the iterator is created) were not restored",
-            "dataloader workers",
-        )
     return Diagnosis(
         f"{where(rank)}: recorded values differ ({', '.join(user)}) while every audited RNG stream "
         "and watched state matches: state the audit does not see was not restored (data "
-        "loader workers or position, a custom object); record its inputs or watch() it",
+        "loader position, per-rank counters, a custom object); record its inputs or watch() it",
         "unaudited state",
     )
 
@@ -260,6 +327,29 @@ def _classify(
 def _is_id_key(key: str) -> bool:
     low = key.lower()
     return low.endswith(("id", "ids", "index", "indices")) or "sample_id" in low
+
+
+CONTENT_KEYS = ("batch", "x", "input", "inputs", "sample", "samples", "data", "images", "latents")
+
+
+def _is_content_key(key: str) -> bool:
+    return key.lower() in CONTENT_KEYS
+
+
+def _optimizer_steps_differ(base: Steps, res: Steps, rank: int, step: int, keys: list[str]) -> bool:
+    """Whether an optimizer's per-parameter `step` counts differ between the runs."""
+    for key in keys:
+        if not key.endswith(".state") or not _is_optimizer(base[rank][step], key[6:-6]):
+            continue
+        a, b = base[rank][step].get(key) or {}, res[rank][step].get(key) or {}
+        for name in set(a) & set(b):
+            if (
+                isinstance(a[name], dict)
+                and isinstance(b[name], dict)
+                and a[name].get("step") != b[name].get("step")
+            ):
+                return True
+    return False
 
 
 def _is_optimizer(values: dict[str, Any], obj: str) -> bool:

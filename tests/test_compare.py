@@ -88,13 +88,25 @@ def test_shifted_missing_extra_duplicate_out_of_order():
     )
 
     missing = compare_runs(run("baseline", range(1, 7)), run("resumed", [4]), 3, 6)
+    assert missing.problems[0].message.startswith(
+        "rank 0: the resumed run never recorded steps 5-6 (expected every step 4-6): it stopped early"
+    )
+    gap = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 6]), 3, 6)
     assert (
-        missing.problems[0].message
-        == "rank 0: the resumed run never recorded steps 5-6 (expected every step 4-6)"
+        gap.problems[0].message
+        == "rank 0: the resumed run never recorded step 5 (expected every step 4-6)"
     )
 
     nothing = compare_runs(run("baseline", range(1, 7)), run("resumed", []), 3, 6)
-    assert nothing.problems[0].message == "rank 0: the resumed run recorded no steps (expected 4-6)"
+    assert nothing.problems[0].message.startswith(
+        "rank 0: the resumed run recorded no steps (expected 4-6): it stopped right after loading"
+    )
+
+    off_by_one = compare_runs(run("baseline", range(1, 7)), run("resumed", range(3, 7)), 3, 6)
+    assert (
+        "re-executed step 3, the step the checkpoint was saved after: the global step counter was saved or restored off by one"
+        in off_by_one.problems[0].message
+    )
 
     extra = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 5, 6, 9]), 3, 6)
     assert extra.problems[0].message == "rank 0: the resumed run recorded step 9, past steps=6"

@@ -1,0 +1,267 @@
+"""One trainer with a switch per resume bug of ../shared/BUGS.md (env BUG; "none" is correct).
+
+Written to be read: every bug is one `if BUG == ...` at the place where a real trainer gets it
+wrong. Runs inside ranks launched by the plugin (function mode: `train(ctx)`).
+"""
+
+import copy
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import pytest_resume_equiv as req
+
+BUG = os.environ.get("BUG", "none")
+BATCH = 2
+BATCHES_PER_EPOCH = 4
+ACCUM = 2  # optimizer step every ACCUM batches (gradient accumulation)
+
+
+class Condition(torch.nn.Module):
+    """Owns a generator seeded at construction, like a diffusion condition model."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def noise(self, shape):
+        return torch.randn(shape, generator=self.generator)
+
+
+class LossScaler:
+    """A dynamic loss scaler: doubles its scale every 2 clean steps (powers of two: exact)."""
+
+    def __init__(self):
+        self.scale, self.clean_steps = 1024.0, 0
+
+    def update(self):
+        self.clean_steps += 1
+        if self.clean_steps % 2 == 0:
+            self.scale *= 2.0
+
+    def state_dict(self):
+        return {"scale": self.scale, "clean_steps": self.clean_steps}
+
+    def load_state_dict(self, state):
+        self.scale, self.clean_steps = state["scale"], state["clean_steps"]
+
+
+def epoch_order(epoch, world):
+    """The sampler: a permutation per epoch (seeded by the epoch, like DistributedSampler)."""
+    n = BATCHES_PER_EPOCH * BATCH * world
+    return torch.randperm(n, generator=torch.Generator().manual_seed(1000 + epoch)).tolist()
+
+
+def load_sample(index, worker_seed):
+    """A dataloader worker's augmentation: depends on the worker seed and the sample."""
+    g = torch.Generator().manual_seed(worker_seed * 1000 + index)
+    return torch.randn(4, generator=g) + index
+
+
+def save(path, rank, state):
+    os.makedirs(path, exist_ok=True)
+    torch.save(state, os.path.join(path, f"rank-{rank}.pt"))
+
+
+def train(ctx):
+    ctx.init_process_group()
+    rank, world = ctx.rank, ctx.world_size
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8),
+        torch.nn.BatchNorm1d(8),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.25),
+        torch.nn.Linear(8, 1),
+    )
+    ema = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
+    cond = Condition(ctx.seed + rank)
+    scaler = LossScaler()
+    torch.manual_seed(100 + rank)
+    np.random.seed(200 + rank)
+    random.seed(300 + rank)
+    worker_rng = random.Random(ctx.seed)  # private: derives the workers' seed each epoch
+
+    step, epoch, skip, micro, seen = 0, 0, 0, 0, rank
+    worker_seed = worker_rng.randrange(2**31)
+    if ctx.resuming:
+        state = torch.load(os.path.join(ctx.checkpoint, f"rank-{rank}.pt"), weights_only=True)
+        rank0 = torch.load(os.path.join(ctx.checkpoint, "rank-0.pt"), weights_only=True)
+        weights = state["model"]
+        if BUG == "buffers":
+            weights = {
+                k: v for k, v in weights.items() if "running" not in k and "num_batches" not in k
+            }
+        model.load_state_dict(weights, strict=BUG != "buffers")
+        if BUG != "ema":
+            ema.load_state_dict(state["ema"])
+        if BUG != "optimizer":
+            opt.load_state_dict(state["opt"])
+        if BUG != "lr_missing":
+            sched.load_state_dict(state["sched"])
+        if BUG == "lr_off_by_one":
+            sched.step()  # rebuilt and stepped once more after loading
+        if BUG != "scaler":
+            scaler.load_state_dict(state["scaler"])
+        rng = rank0 if BUG == "rng_collapse" else state
+        if BUG != "cpu_rng":
+            torch.set_rng_state(rng["cpu_rng"])
+        if BUG != "numpy":
+            np.random.set_state(
+                (
+                    "MT19937",
+                    rng["np_keys"].numpy().astype(np.uint32),
+                    *rng["np_rest"][:2],
+                    float(rng["np_gauss"]),
+                )
+            )
+        if BUG != "python_random":
+            random.setstate((rng["py"][0], tuple(rng["py"][1]), rng["py"][2]))
+        if BUG != "owned_generator":
+            cond.generator.set_state(state["cond_rng"])
+        extra = rank0 if BUG == "rank_local" else state
+        step, epoch, skip, seen = state["step"], state["epoch"], state["skip"], extra["seen"]
+        worker_rng.setstate(
+            (state["worker_rng"][0], tuple(state["worker_rng"][1]), state["worker_rng"][2])
+        )
+        worker_seed = state["worker_seed"]
+        micro = state["micro"]
+        for p, g in zip(model.parameters(), state["grads"]):
+            p.grad = g.clone() if g.numel() else None
+        if BUG == "workers":
+            worker_seed = random.Random(ctx.seed + 1).randrange(2**31)  # re-derived, not restored
+        if BUG == "sampler_epoch":
+            epoch = 0
+        if BUG == "skip":
+            skip += 1
+        if BUG == "grad_accum":
+            micro = 0
+            for p in model.parameters():
+                p.grad = None
+        if BUG == "step_off_by_one":
+            step -= 1
+        if BUG == "restart":
+            step, epoch, skip = 0, 0, 0
+        if BUG == "epoch_boundary" and skip == BATCHES_PER_EPOCH:
+            return  # the restored iterator is exhausted: this trainer thinks training is over
+
+    req.watch(model=model, optimizer=opt, scheduler=sched, ema=ema, scaler=scaler)
+    torn = None
+    while step < ctx.steps:
+        order = epoch_order(epoch, world)[rank::world]
+        for index in range(skip, BATCHES_PER_EPOCH):
+            ids = order[index * BATCH : (index + 1) * BATCH]
+            batch = torch.stack([load_sample(i, worker_seed) for i in ids])
+            batch = batch + cond.noise(batch.shape) * 0.1
+            batch = batch * (1.0 + 0.01 * float(np.random.rand()) + 0.01 * random.random())
+            loss = model(batch).pow(2).mean()
+            (loss * scaler.scale).backward()
+            micro += 1
+            if micro == ACCUM:
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= world * scaler.scale * ACCUM
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                micro = 0
+                scaler.update()
+                with torch.no_grad():
+                    for e, p in zip(ema.parameters(), model.parameters()):
+                        e.mul_(0.9).add_(p, alpha=0.1)
+            step += 1
+            seen += sum(ids)
+            if BUG == "eval_flags" and step == 2:
+                model[1].eval()  # "freeze BatchNorm after step 2": a resume past it never does
+            req.record(step, loss=loss.item(), ids=ids, batch=batch, seen=seen)
+            if torn is not None:
+                save(*torn)  # the "background" write, after the update mutated the tensors
+                torn = None
+            if ctx.should_save(step):
+                state = {
+                    "model": model.state_dict(),
+                    "ema": ema.state_dict(),
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "cpu_rng": torch.get_rng_state(),
+                    "np_keys": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+                    "np_rest": list(np.random.get_state()[2:4]),
+                    "np_gauss": np.random.get_state()[4],
+                    "py": list(random.getstate()),
+                    "cond_rng": cond.generator.get_state(),
+                    "worker_rng": list(worker_rng.getstate()),
+                    "worker_seed": worker_seed,
+                    "step": step,
+                    "epoch": epoch,
+                    "skip": index + 1,
+                    "micro": micro,
+                    "seen": seen,
+                    "grads": [
+                        p.grad.clone() if p.grad is not None else torch.zeros(0)
+                        for p in model.parameters()
+                    ],
+                }
+                if BUG == "torn":
+                    torn = (ctx.checkpoint_for(step), rank, state)
+                else:
+                    save(ctx.checkpoint_for(step), rank, copy.deepcopy(state))
+            if step >= ctx.steps:
+                break
+        else:
+            epoch += 1
+            skip = 0
+            worker_seed = worker_rng.randrange(2**31)
+    dist.destroy_process_group()
+
+
+def train_master_weights(ctx):
+    """bf16 model, fp32 master weights in the optimizer (BUG=master_weights rebuilds them)."""
+    ctx.init_process_group()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1).to(torch.bfloat16)
+    master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    opt = torch.optim.SGD(master, lr=0.01)
+    torch.manual_seed(100 + ctx.rank)
+    start = 1
+    if ctx.resuming:
+        state = torch.load(os.path.join(ctx.checkpoint, f"rank-{ctx.rank}.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        with torch.no_grad():
+            sources = model.parameters() if BUG == "master_weights" else state["master"]
+            for m, src in zip(master, sources):
+                m.copy_(src.float())
+        opt.load_state_dict(state["opt"])
+        torch.set_rng_state(state["cpu_rng"])
+        start = state["step"] + 1
+    req.watch(model=model, optimizer=opt)
+    for step in range(start, ctx.steps + 1):
+        x = torch.randn(8, 16)
+        loss = model(x.to(torch.bfloat16)).float().pow(2).mean()
+        loss.backward()
+        for m, p in zip(master, model.parameters()):
+            m.grad = p.grad.float()
+            p.grad = None
+        opt.step()
+        with torch.no_grad():
+            for m, p in zip(master, model.parameters()):
+                p.copy_(m.to(torch.bfloat16))
+        req.record(step, loss=loss.item(), x=x)
+        if ctx.should_save(step):
+            save(
+                ctx.checkpoint_for(step),
+                ctx.rank,
+                {
+                    "model": model.state_dict(),
+                    "master": [m.detach().clone() for m in master],
+                    "opt": opt.state_dict(),
+                    "cpu_rng": torch.get_rng_state(),
+                    "step": step,
+                },
+            )
+    dist.destroy_process_group()
