@@ -83,6 +83,23 @@ def sleeps_forever(ctx):
     time.sleep(300)
 
 
+def _steps_after_resume(ctx):
+    for step in range(ctx.split + 1 if ctx.resuming else 1, ctx.steps + 1):
+        yield step
+        if ctx.should_save(step):
+            os.makedirs(ctx.checkpoint_for(step), exist_ok=True)
+
+
+def toothless(ctx):
+    for step in _steps_after_resume(ctx):
+        req.record(step, value=float(step))  # depends on no random state at all
+
+
+def nondeterministic(ctx):
+    for step in _steps_after_resume(ctx):
+        req.record(step, value=int.from_bytes(os.urandom(4), "little"))
+
+
 def hello(ctx):
     print(f"hello from rank {ctx.rank} of {ctx.world_size}")
     req.record(1, rank=ctx.rank)

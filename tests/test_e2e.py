@@ -48,7 +48,8 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
         [
             "*resumed training is not equivalent to the uninterrupted run*",
             "*split 3: first divergence at step 4, rank 0, key 'loss': float differs*",
-            "*keys that differ at step 4: rank 0: loss, weight; rank 1: loss, weight*",
+            "*keys that differ at step 4: rank 0: loss, weight, rng:cpu; rank 1: loss, weight, rng:cpu*",
+            "*likely cause (cpu RNG): rank 0, step 4: the CPU RNG (torch default generator) differs: it was not restored*",
             "*run directories (kept: --resume-equiv-keep=failed):*",
             "*rerun the resumed launch by hand:*",
             "*python* -m torch.distributed.run *--nproc-per-node=2*",
@@ -69,7 +70,11 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
         [3],
     )
     (run,) = test["runs"]
-    assert [launch["name"] for launch in run["launches"]] == ["baseline", "resumed-split3"]
+    assert [launch["name"] for launch in run["launches"]] == [
+        "baseline",
+        "resumed-split3",
+        "baseline-control",
+    ]
     (verdict,) = run["verdicts"]
     first = verdict["first_divergence"]
     assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
@@ -103,7 +108,7 @@ def test_split_list_runs_one_baseline_and_two_resumed_launches(trainers):
         from pytest_resume_equiv import resume_equivalent
         from trainers import train
 
-        @resume_equivalent(steps=6, split=[2, 4], nproc=2)
+        @resume_equivalent(steps=6, split=[2, 4], nproc=2, rng_mutation=False)
         def test_splits(resume_equiv):
             outcome = resume_equiv.run(train)
             print("LAUNCHES", [r.spec.name for r in outcome.launches])
@@ -377,3 +382,51 @@ def test_run_dirs_are_private_and_removed_on_pass(trainers):
     (root,) = [x.split("ROOT ", 1)[1] for x in result.stdout.lines if "ROOT " in x]
     assert root.startswith(str(trainers.path))
     assert not os.path.exists(root)
+
+
+def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
+    trainers.makepyfile(
+        test_teeth="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import toothless
+
+        @resume_equivalent(steps=5, split=2, nproc=1)
+        def test_teeth(resume_equiv):
+            resume_equiv.run(toothless)
+
+        @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
+        def test_teeth_off(resume_equiv):
+            outcome = resume_equiv.run(toothless)
+            assert [r.spec.name for r in outcome.launches] == ["baseline", "resumed-split2"]
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*this test has no teeth: every RNG stream was perturbed right after step 3 of a resumed run (launch teeth-split2), and the recorded values at steps 4-5 still matched*",
+        ]
+    )
+    assert "keep dropout on" in result.stdout.str()
+
+
+def test_nondeterministic_training_is_not_blamed_on_the_resume(trainers):
+    trainers.makepyfile(
+        test_nondet="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import nondeterministic
+
+        @resume_equivalent(steps=4, split=2, nproc=1)
+        def test_nondet(resume_equiv):
+            resume_equiv.run(nondeterministic)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*training is not deterministic even without a resume: a second uninterrupted run differs from the first (first at step 1, rank 0, key 'value'*the resume is not to blame.",
+            "*torch.use_deterministic_algorithms(True)*",
+        ]
+    )
+    assert "likely cause" not in result.stdout.str()

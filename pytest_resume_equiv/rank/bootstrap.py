@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
         rng.install()  # audit every torch.Generator the user's code creates
     except ImportError:
         pass
-    rng.seed_host_streams(ctx.seed)
+    rng.seed_host_streams(ctx.seed + rank)
     _record.open_signature()
 
     code = 0

@@ -58,7 +58,8 @@ def device_digest(flat: Any) -> str:
     import torch
 
     raw = flat.reshape(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 4
+    nbytes = raw.numel()  # part of the digest: zero padding must not make lengths collide
+    pad = (-nbytes) % 4
     if pad:
         raw = torch.cat([raw, raw.new_zeros(pad)])
     words = raw.view(torch.int32)
@@ -72,7 +73,7 @@ def device_digest(flat: Any) -> str:
         mixed = mixed ^ (mixed >> 31)
         first += mixed.sum()
         second += (mixed * ((idx << 1) | 1)).sum()
-    return f"{first.item() & _MASK64:016x}{second.item() & _MASK64:016x}"
+    return f"{nbytes:x}-{first.item() & _MASK64:016x}{second.item() & _MASK64:016x}"
 
 
 def content_hash(tensor: Any) -> str:

@@ -170,15 +170,18 @@ def perturb() -> None:
 
 
 def seed_host_streams(seed: int) -> None:
-    """Start Python's and numpy's global RNGs from `seed` in every launch.
+    """Start every global RNG of the rank (torch CPU and devices, numpy, Python) from `seed`.
 
-    Both are seeded from the OS at import, so a trainer that never seeds them would show
-    them as different in every pair of runs; seeded alike, they differ only when a resume
-    really loses their state.
+    Each is otherwise seeded from the OS at start-up (torch's CPU generator too, in recent
+    releases), so a trainer that never seeds one would show it as different in every pair of
+    runs. The trainer's own seeding still overrides this.
     """
     import random
 
     random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
     try:
         import numpy
     except ImportError:

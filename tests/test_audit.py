@@ -1,0 +1,122 @@
+"""The in-rank audit: random streams, generator identities, watch() sections, perturbation."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import pytest_resume_equiv as req
+from pytest_resume_equiv.rank import rng, watch
+from pytest_resume_equiv.rank.fingerprint import content_hash, device_digest
+
+
+@pytest.fixture
+def tracking(monkeypatch, in_rank):
+    in_rank()
+    monkeypatch.setattr(rng, "_generators", [])
+    real = torch.Generator
+    rng.install()
+    yield
+    torch.Generator = real
+    rng._installed = False
+
+
+def test_generators_are_named_by_creation_site(tracking):
+    g = torch.Generator().manual_seed(1)  # this line is the site
+    line = test_generators_are_named_by_creation_site.__code__.co_firstlineno + 1
+    other = torch.Generator().manual_seed(2)
+    streams = rng.audit()
+    assert f"generator test_audit.py:{line} #0" in " ".join(streams) or any(
+        k.endswith(f"test_audit.py:{line} #0") for k in streams
+    )
+    assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    before = dict(streams)
+    torch.randn(3, generator=g)
+    after = rng.audit()
+    changed = [k for k in after if after[k] != before.get(k)]
+    assert len(changed) == 1 and changed[0].startswith("generator ")
+    req.track(other, name="sampler")
+    assert "generator sampler" in rng.audit()
+
+
+def test_live_ordinals_ignore_dead_generators(tracking):
+    def make():
+        return torch.Generator()
+
+    first = make()
+    del first
+    second = make()  # noqa: F841 - kept alive on purpose
+    keys = [k for k in rng.audit() if k.startswith("generator ")]
+    assert len(keys) == 1 and keys[0].endswith(" #0")
+
+
+def test_host_streams_and_numpy_position(tracking):
+    rng.seed_host_streams(0)
+    start = rng.audit()
+    np.random.rand()  # moves the position only; the key array is unchanged until 624 draws
+    assert rng.audit()["numpy"] != start["numpy"]
+    random.random()
+    assert rng.audit()["python"] != start["python"]
+    torch.rand(1)
+    assert rng.audit()["cpu"] != start["cpu"]
+
+
+def test_perturb_moves_every_stream(tracking):
+    g = torch.Generator().manual_seed(3)
+    before = rng.audit()
+    rng.perturb()
+    after = rng.audit()
+    assert all(after[k] != before[k] for k in before), [k for k in before if after[k] == before[k]]
+    del g
+
+
+def test_watch_sections(in_rank):
+    in_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    req.watch(model=model, optimizer=opt, scheduler=sched)
+    try:
+        model(torch.randn(4, 2)).sum().backward()
+        opt.step()
+        sched.step()
+        model[1].eval()
+        audit = watch.audit()
+        assert set(audit) == {
+            "model.params",
+            "model.buffers",
+            "model.modes",
+            "optimizer.lr",
+            "optimizer.hyper",
+            "optimizer.state",
+            "optimizer.params",
+            "scheduler.last_lr",
+            "scheduler.last_epoch",
+        }
+        assert audit["model.modes"] == ["1"]
+        assert set(audit["optimizer.state"]["model.0.weight"]) == {"exp_avg", "exp_avg_sq", "step"}
+        assert audit["optimizer.lr"][0]["repr"] == "0.05"
+        assert audit["scheduler.last_epoch"] == 1
+        assert audit["model.params"]["0.weight"]["hash"] == content_hash(model[0].weight)
+    finally:
+        watch._watched.clear()
+
+
+def test_watch_is_a_noop_outside_a_run():
+    req.watch(model=torch.nn.Linear(1, 1))
+    assert watch._watched == {}
+
+
+def test_device_digest_is_exact_and_order_sensitive():
+    # The accelerator path, exercised on CPU tensors: integer ops only.
+    t = torch.arange(10, dtype=torch.float32)
+    assert device_digest(t) == device_digest(t.clone())
+    assert device_digest(t) != device_digest(t.flip(0))
+    bumped = t.clone()
+    bumped[7] = torch.nextafter(bumped[7], torch.tensor(100.0))
+    assert device_digest(t) != device_digest(bumped)
+    assert device_digest(torch.zeros(3, dtype=torch.uint8)) != device_digest(
+        torch.zeros(4, dtype=torch.uint8)
+    )
