@@ -21,6 +21,7 @@ from .orchestrate import (
     argv_list,
     build_plan,
     execute,
+    run_context,
     target_from_argv,
     target_from_callable,
 )
@@ -217,18 +218,7 @@ class Torchrun:
             nproc=nproc,
             nnodes=nnodes,
             timeout=float(timeout or self.timeout.value),
-            context={
-                "phase": "launch",
-                "run_dir": run_dir,
-                "steps": 0,
-                "split": 0,
-                "splits": [],
-                "checkpoint": None,
-                "checkpoint_template": None,
-                "device_kind": device.kind,
-                "backend": device.backend,
-                "seed": DEFAULT_SEED,
-            },
+            context=run_context("launch", run_dir, device.kind, device.backend, DEFAULT_SEED),
             env=dict(env or {}),
             cwd=cwd,
         )

@@ -65,6 +65,33 @@ def argv_list(value: Any, what: str) -> list[str]:
     return [os.fspath(v) for v in value]
 
 
+def run_context(
+    phase: str,
+    run_dir: str,
+    device_kind: str,
+    backend: str,
+    seed: int,
+    steps: int = 0,
+    split: int = 0,
+    splits: Sequence[int] = (),
+    checkpoint: Optional[str] = None,
+    template: Optional[str] = None,
+) -> dict[str, Any]:
+    """The JSON run context every rank of a launch reads (see rank/context.py)."""
+    return {
+        "phase": phase,
+        "run_dir": run_dir,
+        "steps": steps,
+        "split": split,
+        "splits": list(splits),
+        "checkpoint": checkpoint,
+        "checkpoint_template": template,
+        "device_kind": device_kind,
+        "backend": backend,
+        "seed": seed,
+    }
+
+
 def target_from_callable(fn: Callable[..., Any]) -> Target:
     """A module-level function, importable by name inside every rank."""
     name = getattr(fn, "__qualname__", "")
@@ -185,18 +212,18 @@ def build_plan(
         )
 
     def context(phase: str, run_dir: str, split: int, ckpt: Optional[str], template: str) -> dict:
-        return {
-            "phase": phase,
-            "run_dir": run_dir,
-            "steps": spec.steps,
-            "split": split,
-            "splits": list(spec.splits),
-            "checkpoint": ckpt,
-            "checkpoint_template": template,
-            "device_kind": inputs.device_kind,
-            "backend": inputs.backend,
-            "seed": inputs.seed,
-        }
+        return run_context(
+            phase,
+            run_dir,
+            inputs.device_kind,
+            inputs.backend,
+            inputs.seed,
+            steps=spec.steps,
+            split=split,
+            splits=spec.splits,
+            checkpoint=ckpt,
+            template=template,
+        )
 
     # One baseline serves every split whose formatted baseline command is the same.
     groups: dict[tuple[str, ...], list[int]] = {}
