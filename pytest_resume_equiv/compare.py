@@ -332,6 +332,7 @@ def compare_runs(
     for step in range(first_step, steps + 1):
         result.compared_steps += 1
         found_any = False
+        candidates: list[tuple[bool, int, str, Divergence]] = []
         for rank in range(world_size):
             a, b = base_steps[rank][step], res_steps[rank][step]
             keys = set(a) | set(b)
@@ -357,10 +358,14 @@ def compare_runs(
                     continue
                 found_any = True
                 result.divergent_keys.setdefault(rank, []).append(key)
-                if result.divergence is None:
-                    path, x, y, why = diff
-                    result.divergence = Divergence(step, rank, key, path, x, y, why)
+                path, x, y, why = diff
+                candidates.append(
+                    (is_audit_key(key), rank, key, Divergence(step, rank, key, path, x, y, why))
+                )
         if found_any:
+            # Shown first: a key the user recorded (lowest rank, then name), else an audit key;
+            # the audit explains a divergence, the user's values are what they recognise.
+            result.divergence = min(candidates, key=lambda c: c[:3])[3]
             break
     div = result.divergence
     if div is not None:

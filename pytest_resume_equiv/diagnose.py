@@ -100,11 +100,17 @@ def diagnose(cmp: Comparison, base: Steps, res: Steps) -> Optional[Diagnosis]:
         return None
     step = div.step
     signals = {rank: keys for rank, keys in sorted(cmp.divergent_keys.items()) if keys}
-    ranks = sorted(signals)
+    # Ranks whose own recorded values or random streams differ; watched parameters of other
+    # ranks can differ only because gradients were all-reduced with them.
+    ranks = sorted(
+        r for r, keys in signals.items() if any(not k.startswith("watch:") for k in keys)
+    )
     diag = _classify(signals, base, res, step, cmp.split)
     if ranks and 0 not in ranks:
         diag.notes.append(
-            f"rank 0 matches; only rank {', '.join(map(str, ranks))} differ: per-rank state "
+            f"rank 0's recorded values and random streams match; only "
+            f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} "
+            f"{'differs' if len(ranks) == 1 else 'differ'}: per-rank state "
             "(RNG, data cursor, extra_state) was probably saved from rank 0 only, or keyed by "
             "local rank instead of global rank"
         )

@@ -209,3 +209,52 @@ def torchrun(
     settings = _settings(request.config)
     yield Torchrun(lambda n: _device(request.config, n), settings.values["timeout"], root)
     root.finish(request.node.stash.get(FAILED_KEY, False))
+
+
+def _require_diffusers() -> None:
+    from .toy.wan import WAN_INSTALL_HINT
+
+    pytest.importorskip(
+        "diffusers", reason=f"the toy Wan fixtures need diffusers: {WAN_INSTALL_HINT}"
+    )
+
+
+@pytest.fixture(scope="session")
+def toy_wan_config() -> dict[str, Any]:
+    """A tiny WanTransformer3DModel config (2 layers), RoPE pinned to eager, attention native."""
+    _require_diffusers()
+    from .toy import toy_wan_config as make
+
+    return make()
+
+
+@pytest.fixture(scope="session")
+def toy_wan_model_dir(
+    request: pytest.FixtureRequest,
+    toy_wan_config: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> str:
+    """The toy model's weights on disk, made once per session (once across xdist workers)."""
+    from filelock import FileLock
+
+    from .toy import materialize_toy_wan
+
+    base = tmp_path_factory.getbasetemp()
+    worker = getattr(request.config, "workerinput", None)
+    shared = base.parent if worker else base  # pytest-xdist workers share the parent
+    path = shared / "resume-equiv-toy-wan"
+    with FileLock(str(shared / "resume-equiv-toy-wan.lock")):
+        if not path.exists():
+            materialize_toy_wan(str(path), toy_wan_config, seed=0)
+    return str(path)
+
+
+@pytest.fixture
+def toy_wan(toy_wan_config: dict[str, Any]) -> Any:
+    """Factory: `toy_wan(seed=0, **overrides)` builds the toy Wan model in-process."""
+    from .toy import build_toy_wan
+
+    def build(seed: int = 0, **overrides: Any) -> Any:
+        return build_toy_wan(toy_wan_config, seed=seed, **overrides)
+
+    return build

@@ -148,7 +148,7 @@ CASES = [
         "rank_local",
         "nproc=2",
         "train",
-        ["rank 0 matches; only rank 1 differ", "saved from rank 0 only"],
+        ["random streams match; only rank 1 differs: per-rank state", "saved from rank 0 only"],
     ),
     ("22-re-executed-steps", "restart", "nproc=1", "train", ["re-executed steps 1-3"]),
 ]

@@ -291,14 +291,14 @@ def test_timeout_dumps_stacks_and_leaves_nothing_running(trainers):
         from trainers import sleeps_forever
 
         def test_hang(torchrun):
-            torchrun(sleeps_forever, nproc=2, timeout=8)
+            torchrun(sleeps_forever, nproc=2, timeout=30)
         """
     )
     result = trainers.runpytest_subprocess(*CPU)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*the torchrun launch (launch-1) timed out after 8s and was killed*",
+            "*the torchrun launch (launch-1) timed out after 30s and was killed*",
             "*rank 0: still running at the timeout (killed)*",
             "*in sleeps_forever*",
         ]

@@ -3,6 +3,7 @@
 import shutil
 from pathlib import Path
 
+import pytest
 from helpers import CPU
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -15,3 +16,12 @@ def test_minimal_example(pytester):
     text = result.stdout.str()
     assert "split 3: equal on all 2 ranks over 3 steps" in text
     assert "split 3: first divergence at step 4, rank 0, key 'loss': float differs" in text
+
+
+def test_toy_dit_example(pytester):
+    pytest.importorskip(
+        "diffusers", reason="the toy DiT example needs diffusers: pip install -e '.[wan]'"
+    )
+    shutil.copytree(EXAMPLES / "toy_dit", pytester.path / "toy_dit")
+    result = pytester.runpytest_subprocess(*CPU, "toy_dit")
+    result.assert_outcomes(passed=1)

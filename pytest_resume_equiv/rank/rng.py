@@ -17,7 +17,8 @@ from typing import Any, Optional
 from .fingerprint import content_hash, hash_bytes
 
 _TORCH_DIR: Optional[str] = None
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__))
+"""Frames in the in-rank machinery are skipped; the toy models' own frames are real sites."""
 
 _generators: list[tuple[str, weakref.ref, bool]] = []
 """(creation site or given name, weak reference, named?) in creation order."""
@@ -25,7 +26,7 @@ _installed = False
 
 
 def creation_site() -> str:
-    """The first frame outside torch and this package: where user code made the generator."""
+    """The first frame outside torch and the in-rank API: where the generator was made."""
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)

@@ -1,0 +1,152 @@
+"""Toy Wan fixtures and the FSDP2 + DCP diffusion example: its resume bugs are caught."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import CPU
+
+pytest.importorskip("diffusers", reason="the toy Wan tests need diffusers: pip install -e '.[wan]'")
+
+import torch  # noqa: E402
+
+from pytest_resume_equiv.toy import (  # noqa: E402
+    ToyFlowMatchingCondition,
+    ToyWanConfigError,
+    build_toy_wan,
+    load_toy_wan,
+    materialize_toy_wan,
+    toy_wan_config,
+)
+
+TOY_DIT = Path(__file__).resolve().parent.parent / "examples" / "toy_dit"
+
+
+def test_config_pins_eager_rope_and_native_attention():
+    config = toy_wan_config()
+    assert (config["rope_impl"], config["attention_backend"], config["num_layers"]) == (
+        "eager",
+        "native",
+        2,
+    )
+    with pytest.raises(
+        ToyWanConfigError,
+        match="rope_impl='fused' is not supported; RoPE is pinned to 'eager' because fused RoPE kernels are not available on every device",
+    ):
+        toy_wan_config(rope_impl="fused")
+    with pytest.raises(ToyWanConfigError, match="attention_backend='flash' is not supported"):
+        build_toy_wan(attention_backend="flash")
+
+
+def test_model_trains_and_round_trips_through_a_directory(tmp_path):
+    model = build_toy_wan(seed=3)
+    again = build_toy_wan(seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    assert 5_000 < sum(p.numel() for p in model.parameters()) < 50_000
+    cond = ToyFlowMatchingCondition(seed=0, dp_rank=1)
+    sample = cond.sample(torch.randn(2, 4, 2, 4, 4), torch.randn(2, 4, 16))
+    out = model(sample["noisy"], sample["timestep_ids"], sample["text"]).sample
+    torch.nn.functional.mse_loss(out, sample["target"]).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    path = materialize_toy_wan(str(tmp_path / "wan"), seed=3)
+    loaded = load_toy_wan(path)
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values())
+    )
+
+
+def test_condition_rng_state_round_trip():
+    a, b = ToyFlowMatchingCondition(seed=5, dp_rank=0), ToyFlowMatchingCondition(seed=5, dp_rank=1)
+    latents, text = torch.zeros(2, 4, 2, 4, 4), torch.zeros(2, 4, 16)
+    assert not torch.equal(a.sample(latents, text)["noise"], b.sample(latents, text)["noise"])
+    state = a.rng_state_dict()
+    first = a.sample(latents, text)
+    a.load_rng_state_dict(state)
+    again = a.sample(latents, text)
+    assert torch.equal(first["noise"], again["noise"]) and torch.equal(
+        first["timestep_ids"], again["timestep_ids"]
+    )
+
+
+@pytest.fixture
+def toy_dit(pytester):
+    shutil.copytree(TOY_DIT, pytester.path / "toy_dit")
+    return pytester
+
+
+def _bug_test(pytester, bug):
+    pytester.makepyfile(
+        test_bug=f"""
+        from pathlib import Path
+        from pytest_resume_equiv import resume_equivalent
+
+        TRAIN = str(Path(__file__).parent / "toy_dit" / "train.py")
+
+        @resume_equivalent(steps=5, split=3, nproc=2)
+        def test_bug(resume_equiv, toy_wan_model_dir):
+            resume_equiv.run(
+                [TRAIN, f"--model-dir={{toy_wan_model_dir}}", "--max-steps={{steps}}",
+                 "--save-at={{splits}}", "--output-dir={{run_dir}}", "--bug={bug}"],
+                resume_args=["--resume-from={{checkpoint}}"],
+            )
+        """
+    )
+    return pytester.runpytest_subprocess(*CPU, "test_bug.py")
+
+
+def test_forgotten_condition_generator_fails_at_step_4_on_every_rank(toy_dit):
+    result = _bug_test(toy_dit, "no-condition-rng")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "split 3: first divergence at step 4, rank 0, key 'loss'" in text
+    line = next(x for x in result.stdout.lines if "keys that differ at step 4" in x)
+    for rank in (0, 1):
+        part = line.split(f"rank {rank}: ")[1].split(";")[0]
+        assert "noise" in part and "timestep_ids" in part, line
+    assert (
+        "likely cause (owned generator): rank 0, step 4: the generator created at toy/condition.py:"
+        in text
+    )
+
+
+def test_extra_state_from_rank_0_only_fails_on_rank_1(toy_dit):
+    result = _bug_test(toy_dit, "rank0-extra-state")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "first divergence at step 4, rank 1, key 'loss'" in text
+    assert "random streams match; only rank 1 differs: per-rank state" in text
+    assert "rank 1's cpu RNG state equals rank 0's" in text
+
+
+def test_model_dir_is_made_once_across_xdist_workers(pytester):
+    pytest.importorskip("xdist")
+    pytester.makeconftest(
+        """
+        import pytest_resume_equiv.toy as toy
+
+        original = toy.materialize_toy_wan
+
+        def counting(path, *args, **kwargs):
+            with open(path + ".made", "a") as f:
+                f.write("made\\n")
+            return original(path, *args, **kwargs)
+
+        toy.materialize_toy_wan = counting
+        """
+    )
+    pytester.makepyfile(
+        test_dirs="""
+        import os
+        import pytest
+
+        @pytest.mark.parametrize("i", range(4))
+        def test_dir(toy_wan_model_dir, i):
+            assert os.path.exists(os.path.join(toy_wan_model_dir, "config.json"))
+            print("DIR", toy_wan_model_dir)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "resume_equiv", "-n", "2", "-s")
+    result.assert_outcomes(passed=4)
+    made = list(pytester.path.glob("runpytest-0/**/resume-equiv-toy-wan.made"))
+    assert len(made) == 1 and made[0].read_text() == "made\n"
