@@ -25,3 +25,11 @@ def test_toy_dit_example(pytester):
     shutil.copytree(EXAMPLES / "toy_dit", pytester.path / "toy_dit")
     result = pytester.runpytest_subprocess(*CPU, "toy_dit")
     result.assert_outcomes(passed=1)
+
+
+def test_examples_collect_together(pytester):
+    """The README's main job runs every example in one session: names must not collide."""
+    shutil.copytree(EXAMPLES, pytester.path / "examples")
+    result = pytester.runpytest_subprocess(*CPU, "--collect-only", "-q", "examples")
+    result.stdout.fnmatch_lines(["*3 tests collected*"])
+    assert result.ret == 0
