@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from .rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
@@ -31,7 +31,6 @@ class Signature:
     complete: bool
     """The footer was written: the rank finished recording and closed the file."""
     truncated_tail: bool = False
-    notes: list[str] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
