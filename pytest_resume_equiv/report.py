@@ -51,10 +51,6 @@ def _readable(value: Any) -> str:
     return json.dumps(value)
 
 
-def _shorten(keys: list[str], limit: int = 8) -> str:
-    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
 def format_comparison(cmp: Comparison) -> str:
     if cmp.problems:
         lines = [f"split {cmp.split}: the resumed run did not record the steps it should have:"]
