@@ -141,7 +141,8 @@ def _step_problems(
                 rank,
                 tuple(sorted(expected)),
                 f"rank {rank}: the resumed run recorded no steps (expected {span(expected)}): it "
-                f"stopped right after loading{EARLY_STOP}",
+                f"stopped right after loading{EARLY_STOP}, or it never calls "
+                "pytest_resume_equiv.record(step, ...) once a run is resumed",
             )
         )
         return problems

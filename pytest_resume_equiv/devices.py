@@ -116,33 +116,35 @@ class DeviceLease:
         self._stack = ExitStack()
         self.held: list[str] = []
 
-    def acquire(self, n: int, timeout: float) -> list[str]:
+    def try_acquire(self, n: int) -> bool:
+        """Take `n` free devices now, all or nothing: holding some while waiting for more
+        would deadlock two workers that each hold half of what the other needs."""
         from filelock import FileLock, Timeout
 
         os.makedirs(self.lock_dir, mode=0o700, exist_ok=True)
+        for device_id in self.ids:
+            lock = FileLock(os.path.join(self.lock_dir, f"{self.kind}-{device_id}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            self._stack.callback(lock.release)
+            self.held.append(device_id)
+            if len(self.held) == n:
+                return True
+        self.release()
+        return False
+
+    def acquire(self, n: int, timeout: float) -> list[str]:
         deadline = time.monotonic() + timeout
-        locks = {
-            i: FileLock(os.path.join(self.lock_dir, f"{self.kind}-{i}.lock")) for i in self.ids
-        }
-        while True:
-            # All or nothing per round: holding some devices while waiting for more would
-            # deadlock two workers that each hold half of what the other needs.
-            for device_id, lock in locks.items():
-                try:
-                    lock.acquire(timeout=0)
-                except Timeout:
-                    continue
-                self._stack.callback(lock.release)
-                self.held.append(device_id)
-                if len(self.held) == n:
-                    return list(self.held)
-            self.release()
+        while not self.try_acquire(n):
             if time.monotonic() > deadline:
                 raise DeviceUnavailable(
                     f"could not lease {n} {self.kind} devices within {timeout:.0f}s "
                     "(other pytest workers hold them)"
                 )
             time.sleep(0.1 + random.random() * 0.4)
+        return list(self.held)
 
     def env(self) -> dict[str, str]:
         return {VISIBLE_DEVICES_ENV[self.kind]: ",".join(self.held)}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -11,13 +13,17 @@ from typing import Any, Callable, Optional, Union
 import pytest
 
 from .devices import Device, DeviceLease, visible_ids
-from .launch import LaunchResult, LaunchSpec, launch
+from .launch import LaunchResult, LaunchSpec, RunningLaunch, launch
 from .orchestrate import (
     DEFAULT_CHECKPOINT,
+    Handle,
     LaunchFailed,
     PlanInputs,
+    PlannedLaunch,
     ResumeEquivError,
     ResumeOutcome,
+    ResumePlan,
+    Starter,
     argv_list,
     build_plan,
     execute,
@@ -27,9 +33,18 @@ from .orchestrate import (
 )
 from .report import format_launch_failure, format_outcome, format_plan_summary, outcome_json
 from .settings import MarkerSpec, Resolved
+from .share import SharedBaseline
 from .signature import Signature, read_run
 
 Command = Union[Sequence[str], Callable[..., Any]]
+ROLES = {
+    "baseline": "uninterrupted",
+    "control": "second uninterrupted (determinism control)",
+    "resumed": "resumed",
+    "teeth": "teeth-check",
+    "interrupted": "interrupted",
+}
+"""How a failure report names each kind of launch."""
 DEFAULT_SEED = 1234
 
 
@@ -59,6 +74,33 @@ def _lease(device: Device, n: int, timeout: float) -> Optional[DeviceLease]:
     return lease
 
 
+class LeasedLaunch:
+    """A launch holding its devices until it ends."""
+
+    def __init__(self, running: RunningLaunch, lease: DeviceLease) -> None:
+        self._running = running
+        self._lease = lease
+
+    @property
+    def running(self) -> bool:
+        return self._running.running
+
+    def open_gate(self) -> None:
+        self._running.open_gate()
+
+    def poll(self) -> Optional[LaunchResult]:
+        result = self._running.poll()
+        if result is not None:
+            self._lease.release()
+        return result
+
+    def kill(self) -> None:
+        try:
+            self._running.kill()
+        finally:
+            self._lease.release()
+
+
 def _fail(message: str) -> None:
     __tracebackhide__ = True
     pytest.fail(message, pytrace=False)
@@ -67,7 +109,14 @@ def _fail(message: str) -> None:
 class ResumeEquiv:
     """Returned by the `resume_equiv` fixture: `run(...)` the trainer and compare the runs."""
 
-    def __init__(self, prepared: Any, root: RunRoot, report_section: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        prepared: Any,
+        root: RunRoot,
+        report_section: Callable[[str], None],
+        shared_root: Optional[str] = None,
+        owner: str = "",
+    ) -> None:
         self.spec: MarkerSpec = prepared.spec
         self.device: Device = prepared.device
         self.timeout: Resolved = prepared.timeout
@@ -77,13 +126,58 @@ class ResumeEquiv:
         self.outcome: Optional[ResumeOutcome] = None
         self.records: list[dict[str, Any]] = []
         """One JSON-able record per run() call, for --resume-equiv-report."""
+        self.shared_root = shared_root
+        self.owner = owner
+        self.running = False
+        """True while launches run: an interrupted test keeps its run directories."""
+        self.shared: list[str] = []
+        """Shared baseline directories this test used (kept with the test on a failure)."""
 
-    def _parallel(self) -> int:
-        """Launches that fit side by side: CPU cores per rank on CPU; one on accelerators
-        (their devices are leased for the whole test)."""
-        if self.device.kind != "cpu":
-            return 1
-        return max(1, (os.cpu_count() or 1) // self.spec.world_size)
+    def _parallel(self) -> tuple[int, int]:
+        """(launches that run at once, launches started ahead at their gate).
+
+        On CPU a launch gets a core per rank; on accelerators `nproc` devices, leased per
+        launch, so a prestarted launch needs devices to spare.
+        """
+        if self.device.kind == "cpu":
+            return max(1, (os.cpu_count() or 1) // self.spec.world_size), 1
+        fit = max(1, self.device.count // self.spec.nproc)
+        return fit, 1 if self.device.count >= (fit + 1) * self.spec.nproc else 0
+
+    def _starter(self, owner: str) -> Starter:
+        """Start launches with their own device lease, sharing baselines across tests."""
+        waiting: dict[str, float] = {}
+
+        def start_one(planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
+            spec = planned.spec
+            if self.device.kind == "cpu":
+                return RunningLaunch(spec, gated=gated)
+            lease = DeviceLease(self.device.kind, visible_ids(self.device.kind, self.device.count))
+            if not lease.try_acquire(spec.nproc):
+                first = waiting.setdefault(spec.name, time.monotonic())
+                if time.monotonic() - first > self.timeout.value:
+                    raise ResumeEquivError(
+                        f"could not lease {spec.nproc} {self.device.kind} devices for "
+                        f"{spec.name} within {self.timeout.value:g}s (other pytest workers hold them)"
+                    )
+                return None
+            try:
+                running = RunningLaunch(
+                    dataclasses.replace(spec, env={**spec.env, **lease.env()}), gated=gated
+                )
+            except BaseException:
+                lease.release()
+                raise
+            return LeasedLaunch(running, lease)
+
+        def start(planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
+            if planned.shared:
+                return SharedBaseline(
+                    planned.spec.run_dir, lambda: start_one(planned, False), owner
+                )
+            return start_one(planned, gated)
+
+        return start
 
     @property
     def steps(self) -> int:
@@ -134,43 +228,57 @@ class ResumeEquiv:
                     seed=seed,
                     cwd=cwd,
                     rng_mutation=self.rng_mutation,
+                    shared_root=self.shared_root,
                 ),
                 command,
                 checkpoint=checkpoint,
                 resume_args=resume_args,
             )
         except ResumeEquivError as exc:
-            _fail(f"resume_equiv.run(): {exc}")
-        lease = _lease(self.device, self.spec.nproc, self.timeout.value)
-        if lease is not None:
-            for planned in plan.launches:
-                planned.spec.env.update(lease.env())
+            plan, problem = None, f"resume_equiv.run(): {exc}"
+        if plan is None:
+            _fail(problem)  # outside the except block: no chained exception in the report
+        outcome, problem = self._execute(plan)
+        if outcome is None:
+            _fail(problem)
+        return outcome
+
+    def _execute(self, plan: ResumePlan) -> tuple[Optional[ResumeOutcome], str]:
+        """Run the plan: (the outcome, "") when it passed, else (None, the failure text)."""
+        self.shared.extend(p.spec.run_dir for p in plan.baselines if p.shared)
+        self.shared.extend(p.spec.run_dir for p in plan.controls.values() if p.shared)
         partial = ResumeOutcome(plan)
         self.records.append({"plan": [p.spec.name for p in plan.launches]})
+        parallel, prefetch = self._parallel()
+        self.running = True
         try:
             outcome = execute(
-                plan, self.spec, on_launch=partial.launches.append, parallel=self._parallel()
+                plan,
+                self.spec,
+                start=self._starter(self.owner),
+                on_launch=partial.launches.append,
+                parallel=parallel,
+                prefetch=prefetch,
             )
         except LaunchFailed as exc:
             self.records[-1].update(
                 outcome_json(partial), error=f"the {exc.result.spec.name} launch failed"
             )
-            role = "uninterrupted" if exc.result.spec.name.startswith("baseline") else "resumed"
             self._report_section(format_plan_summary(partial))
-            _fail(f"{format_launch_failure(exc.result, role)}\n  ({self.root.kept_text()})")
+            role = ROLES.get(exc.role, exc.role)
+            failure = format_launch_failure(exc.result, role)
+            return None, f"{failure}\n  ({self.root.kept_text()})"
         except ResumeEquivError as exc:
             self.records[-1].update(outcome_json(partial), error=str(exc))
             self._report_section(format_plan_summary(partial))
-            _fail(f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})")
-        finally:
-            if lease is not None:
-                lease.release()
+            return None, f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
+        self.running = False
         self.outcome = outcome
         self.records[-1].update(outcome_json(outcome))
         self._report_section(format_plan_summary(outcome))
         if not outcome.equal:
-            _fail(format_outcome(outcome, self.root.kept_text()))
-        return outcome
+            return None, format_outcome(outcome, self.root.kept_text())
+        return outcome, ""
 
 
 class Torchrun:

@@ -7,6 +7,7 @@ agent's group is not enough: the pid files let us kill every rank's group too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .rank.layout import CONTEXT_ENV, log_path, pid_dir, status_path
+from .rank.layout import CONTEXT_ENV, gate_path, log_path, pid_dir, status_path
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 STACK_DUMP_WAIT = 2.0
@@ -85,6 +86,12 @@ class LaunchResult:
     ranks: list[RankOutcome]
     command: str
     """A shell line that reruns this launch by hand."""
+    startup: float = 0.0
+    """Seconds from start to the gate (start-up overlapped with an earlier launch)."""
+    reused: str = ""
+    """Set when this result is another test's launch, reused: that test's node id."""
+    killed_on_purpose: int = 0
+    """interrupt="kill": the step after which the plugin SIGKILLed this launch."""
 
     @property
     def ok(self) -> bool:
@@ -272,55 +279,142 @@ def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[R
     return outcomes
 
 
+class RunningLaunch:
+    """A started launch. A gated one has its agents and ranks up with torch imported, each
+    rank waiting for the gate file before it runs the user's code: the start-up cost of a
+    resumed launch overlaps the launch whose checkpoint it will load."""
+
+    def __init__(self, spec: LaunchSpec, gated: bool = False) -> None:
+        self.spec = spec
+        os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
+        self.gate = gate_path(spec.run_dir) if gated else None
+        context = dict(spec.context, gate=self.gate, owner_pid=os.getpid())
+        self.extra = launch_env(spec)
+        env = {**os.environ, **self.extra, CONTEXT_ENV: json.dumps(context, sort_keys=True)}
+        rdzv = None if spec.nnodes == 1 else f"127.0.0.1:{free_port()}"
+        self.argv = _torchrun_argv(spec, rdzv)
+        self.procs: list[subprocess.Popen] = []
+        self._logs = []
+        self.started = time.monotonic()
+        self.gate_opened: Optional[float] = None if gated else self.started
+        self.result: Optional[LaunchResult] = None
+        try:
+            for node in range(spec.nnodes):
+                log = open(os.path.join(spec.run_dir, "logs", f"agent-{node}.log"), "wb")
+                self._logs.append(log)
+                self.procs.append(
+                    subprocess.Popen(
+                        self.argv,
+                        cwd=spec.cwd,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def running(self) -> bool:
+        return self.gate_opened is not None
+
+    def open_gate(self) -> None:
+        """Let the ranks run the user's code; the launch's timeout counts from here."""
+        if self.gate is not None and self.gate_opened is None:
+            with open(self.gate, "w"):
+                pass
+            self.gate_opened = time.monotonic()
+
+    def poll(self) -> Optional[LaunchResult]:
+        """The result once every agent has exited (or the timeout passed), else None."""
+        if self.result is not None:
+            return self.result
+        if all(p.poll() is not None for p in self.procs):
+            return self._finish(timed_out=False)
+        if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:
+            dump_stacks(self.spec.run_dir)
+            time.sleep(STACK_DUMP_WAIT)
+            return self._finish(timed_out=True)
+        return None
+
+    def wait(self) -> LaunchResult:
+        self.open_gate()
+        while True:
+            result = self.poll()
+            if result is not None:
+                return result
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """Stop the launch now (cancelled, interrupted or failed elsewhere)."""
+        if self.result is None:
+            self._finish(timed_out=False)
+
+    def _finish(self, timed_out: bool) -> LaunchResult:
+        try:
+            kill_all(self.procs, self.spec.run_dir)
+        finally:
+            for log in self._logs:
+                log.close()
+        end = time.monotonic()
+        agent_text = ""
+        for path in self.agent_logs():
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    agent_text += f.read()
+            except OSError:
+                pass
+        self.result = LaunchResult(
+            spec=self.spec,
+            returncodes=[p.returncode for p in self.procs],
+            timed_out=timed_out,
+            duration=end - (self.gate_opened if self.gate_opened is not None else end),
+            ranks=_rank_outcomes(self.spec, agent_text, timed_out),
+            command=_rerun_line(self.spec, self.extra, self.argv),
+            startup=(self.gate_opened or end) - self.started,
+        )
+        return self.result
+
+    def agent_logs(self) -> list[str]:
+        return [
+            os.path.join(self.spec.run_dir, "logs", f"agent-{i}.log")
+            for i in range(len(self.procs))
+        ]
+
+
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run one torchrun launch to the end (or its timeout); never leaves a process behind."""
-    os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
-    extra = launch_env(spec)
-    env = {**os.environ, **extra}
-    rdzv = None if spec.nnodes == 1 else f"127.0.0.1:{free_port()}"
-    argv = _torchrun_argv(spec, rdzv)
-    procs: list[subprocess.Popen] = []
-    logs = []
-    timed_out = False
-    start = time.monotonic()
+    running = RunningLaunch(spec)
     try:
-        for node in range(spec.nnodes):
-            log = open(os.path.join(spec.run_dir, "logs", f"agent-{node}.log"), "wb")
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    cwd=spec.cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-        deadline = start + spec.timeout
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                dump_stacks(spec.run_dir)
-                time.sleep(STACK_DUMP_WAIT)
-                break
+        return running.wait()
     finally:
-        kill_all(procs, spec.run_dir)
-        for log in logs:
-            log.close()
-    duration = time.monotonic() - start
-    agent_text = ""
-    for path in (os.path.join(spec.run_dir, "logs", f"agent-{i}.log") for i in range(len(procs))):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            agent_text += f.read()
+        running.kill()
+
+
+def result_to_json(result: LaunchResult) -> dict:
+    """A launch's result as JSON (shared baselines, kept runs read back offline)."""
+    return dataclasses.asdict(result)
+
+
+def result_from_json(data: dict) -> LaunchResult:
+    spec = dict(data["spec"])
+    target = spec.pop("target")
+    spec["target"] = Target(
+        target["kind"],
+        target["name"],
+        tuple(target.get("args", ())),
+        tuple(target.get("pythonpath", ())),
+    )
     return LaunchResult(
-        spec=spec,
-        returncodes=[p.returncode for p in procs],
-        timed_out=timed_out,
-        duration=duration,
-        ranks=_rank_outcomes(spec, agent_text, timed_out),
-        command=_rerun_line(spec, extra, argv),
+        spec=LaunchSpec(**spec),
+        returncodes=list(data["returncodes"]),
+        timed_out=bool(data["timed_out"]),
+        duration=float(data["duration"]),
+        ranks=[RankOutcome(**r) for r in data["ranks"]],
+        command=str(data["command"]),
+        startup=float(data.get("startup", 0.0)),
+        reused=str(data.get("reused") or data.get("owner") or ""),
     )

@@ -26,6 +26,7 @@ from .settings import (
     parse_marker,
     resolve_session,
 )
+from .share import SHARED_DIR, clean_shared, mark_kept
 
 MARKER = "resume_equivalent"
 MARKER_DOC = (
@@ -50,6 +51,7 @@ class Prepared:
 PREPARED_KEY = pytest.StashKey[Prepared]()
 REPORT_KEY = pytest.StashKey[list]()
 FAILED_KEY = pytest.StashKey[bool]()
+SHARED_KEY = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,7 +80,37 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[REPORT_KEY] = []
 
 
+def _shared_root(request: pytest.FixtureRequest, factory: pytest.TempPathFactory) -> str:
+    """The directory of baselines shared across this session's tests (and xdist workers,
+    whose base temporary directories sit inside the controller's)."""
+    base = factory.getbasetemp()
+    worker = getattr(request.config, "workerinput", None)
+    path = (base.parent if worker else base) / SHARED_DIR
+    path.mkdir(mode=0o700, exist_ok=True)
+    request.config.stash[SHARED_KEY] = str(path)
+    return str(path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist controller: learn where the workers shared their baselines."""
+    path = getattr(node, "workeroutput", {}).get("resume_equiv_shared")
+    if path:
+        node.config.stash[SHARED_KEY] = path
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    shared = config.stash.get(SHARED_KEY, None)
+    if shared:
+        if hasattr(config, "workeroutput"):
+            config.workeroutput["resume_equiv_shared"] = shared  # the controller cleans up
+        elif not _settings(config).error:
+            clean_shared(shared, _settings(config)["keep"])
+    _write_report(session)
+
+
+def _write_report(session: pytest.Session) -> None:
     path = _settings(session.config)["report"]
     if not path:
         return
@@ -138,9 +170,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if settings.error:
         pytest.fail(f"pytest-resume-equiv: {settings.error}", pytrace=False)
     try:
-        spec = parse_marker(marker.args, marker.kwargs)
+        spec, problem = parse_marker(marker.args, marker.kwargs), ""
     except SettingError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    if problem:
+        pytest.fail(problem, pytrace=False)  # outside the except: no chained exception shown
     timeout = settings.values["timeout"]
     if spec.timeout is not None:
         timeout = Resolved(spec.timeout, "marker @resume_equivalent(timeout=...)")
@@ -183,9 +217,14 @@ def resume_equiv(
     def section(text: str) -> None:
         node.add_report_section("call", "resume-equiv", text)
 
-    fixture = ResumeEquiv(prepared, root, section)
+    fixture = ResumeEquiv(
+        prepared, root, section, _shared_root(request, tmp_path_factory), owner=node.nodeid
+    )
     yield fixture
     failed = node.stash.get(FAILED_KEY, False)
+    if failed:
+        for path in fixture.shared:
+            mark_kept(path)
     request.config.stash[REPORT_KEY].append(
         {
             "test": node.nodeid,

@@ -177,12 +177,15 @@ def format_plan_summary(outcome: ResumeOutcome) -> str:
     lines = []
     for result in outcome.launches:
         verdict = "ok" if result.ok else "FAILED"
+        reused = f" (reused: run for {result.reused})" if result.reused else ""
         lines.append(
             f"{result.spec.name}: {result.spec.world_size} ranks, {result.duration:.1f}s, {verdict}, "
-            f"{result.spec.run_dir}"
+            f"{result.spec.run_dir}{reused}"
         )
     for verdict in outcome.verdicts:
         lines.append(format_comparison(verdict.comparison).splitlines()[0])
+    if outcome.teeth_skipped:
+        lines.append(f"teeth check skipped: {outcome.teeth_skipped}")
     return "\n".join(lines)
 
 
@@ -193,6 +196,8 @@ def outcome_json(outcome: ResumeOutcome) -> dict:
             "name": r.spec.name,
             "ranks": r.spec.world_size,
             "seconds": round(r.duration, 3),
+            "startup_overlapped": round(r.startup, 3),
+            "reused_from": r.reused or None,
             "ok": r.ok,
             "timed_out": r.timed_out,
             "run_dir": r.spec.run_dir,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
 KEEP = ("failed", "all", "none")
-INTERRUPTS = ("continue",)
+INTERRUPTS = ("continue", "stop", "kill")
 
 
 class SettingError(ValueError):

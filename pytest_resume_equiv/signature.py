@@ -119,3 +119,37 @@ def read_run(run_dir: str, world_size: Optional[int] = None) -> dict[int, Signat
     else:
         ranks = list(range(world_size))
     return {rank: read_signature(signature_path(run_dir, rank)) for rank in ranks}
+
+
+class StepWatcher:
+    """Follows the signature files of a launch that is still running, reading only what was
+    appended since the last look, to tell when every rank has recorded a given step."""
+
+    def __init__(self, run_dir: str, world_size: int) -> None:
+        self.paths = [signature_path(run_dir, rank) for rank in range(world_size)]
+        self.offsets = [0] * world_size
+        self.partial = [b""] * world_size
+        self.last: list[Optional[int]] = [None] * world_size
+
+    def recorded_through(self, step: int) -> bool:
+        for rank, path in enumerate(self.paths):
+            if self.last[rank] is not None and self.last[rank] >= step:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[rank])
+                    data = f.read()
+            except OSError:
+                return False
+            self.offsets[rank] += len(data)
+            *lines, self.partial[rank] = (self.partial[rank] + data).split(b"\n")
+            for line in lines:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict) and isinstance(obj.get("step"), int):
+                    self.last[rank] = max(obj["step"], self.last[rank] or obj["step"])
+            if self.last[rank] is None or self.last[rank] < step:
+                return False
+        return True

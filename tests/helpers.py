@@ -91,8 +91,19 @@ def _steps_after_resume(ctx):
 
 
 def toothless(ctx):
+    if ctx.resuming:  # restores its random state exactly...
+        torch.set_rng_state(torch.load(os.path.join(ctx.checkpoint, "rng.pt"), weights_only=True))
     for step in _steps_after_resume(ctx):
-        req.record(step, value=float(step))  # depends on no random state at all
+        torch.nn.functional.dropout(torch.ones(4), 0.5)  # ...draws random numbers...
+        req.record(step, value=float(step))  # ...but records nothing that depends on them
+        if ctx.should_save(step):
+            os.makedirs(ctx.checkpoint_for(step), exist_ok=True)
+            torch.save(torch.get_rng_state(), os.path.join(ctx.checkpoint_for(step), "rng.pt"))
+
+
+def no_randomness(ctx):
+    for step in _steps_after_resume(ctx):
+        req.record(step, value=float(step))  # draws no random number at all
 
 
 def nondeterministic(ctx):

@@ -166,7 +166,7 @@ def test_marker_defaults_and_split_list():
             "invalid env={'A': 1}: expected a dict of str to str",
         ),
         ((), {"steps": 6, "split": 3, "rng_mutation": "no"}, "invalid rng_mutation='no'"),
-        ((), {"steps": 6, "split": 3, "interrupt": "kill"}, "invalid interrupt='kill'"),
+        ((), {"steps": 6, "split": 3, "interrupt": "pause"}, "invalid interrupt='pause'"),
         ((6, 3, 2), {}, "at most 2 positional arguments"),
         ((6,), {"steps": 6, "split": 3}, "steps given both positionally and as a keyword"),
     ],

@@ -10,6 +10,7 @@ then resume:  torchrun --nproc-per-node=2 train.py --max-steps=6 --output-dir=ou
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
@@ -29,6 +30,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--bug", choices=BUGS, default="none")
+    parser.add_argument(
+        "--metrics-dir",
+        default=None,
+        help="write each rank's per-step loss and lr as JSON here (comparing runs by hand)",
+    )
     return parser.parse_args()
 
 
@@ -52,6 +58,7 @@ def main() -> None:
     torch.manual_seed(1000 + rank)
     req.watch(model=model, optimizer=optimizer, scheduler=scheduler)  # fingerprints per step
 
+    metrics: dict[int, list[float]] = {}
     start = 1
     if args.resume_from:
         # Our own per-rank file, written just below by this trainer: weights_only is safe.
@@ -72,6 +79,7 @@ def main() -> None:
         optimizer.step()
         scheduler.step()
         req.record(step, loss=loss.item(), lr=scheduler.get_last_lr()[0])
+        metrics[step] = [loss.item(), scheduler.get_last_lr()[0]]
 
         if step in save_at:
             ckpt = os.path.join(args.output_dir, "checkpoints", f"step_{step}")
@@ -86,6 +94,10 @@ def main() -> None:
                 },
                 os.path.join(ckpt, f"rank-{rank}.pt"),
             )
+    if args.metrics_dir:
+        os.makedirs(args.metrics_dir, exist_ok=True)
+        with open(os.path.join(args.metrics_dir, f"rank-{rank}.json"), "w") as f:
+            json.dump(metrics, f)
     dist.destroy_process_group()
 
 

@@ -15,6 +15,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -53,6 +54,26 @@ def _redirect_output(run_dir: str, rank: int) -> Any:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     return sys.stderr
+
+
+def _wait_for_gate(run_dir: str) -> None:
+    """A prestarted rank waits here, torch imported, until the launch it depends on (the one
+    that writes its checkpoint) has exited; if the plugin is gone meanwhile, it leaves."""
+    raw = json.loads(os.environ.get(CONTEXT_ENV, "{}"))
+    gate, owner = raw.get("gate"), raw.get("owner_pid")
+    if not gate:
+        return
+    checked = time.monotonic()
+    while not os.path.exists(gate):
+        time.sleep(0.005)
+        if owner and time.monotonic() - checked > 0.5:
+            checked = time.monotonic()
+            try:
+                os.kill(int(owner), 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:
+                pass
 
 
 def _write_status(run_dir: str, rank: int, status: dict[str, Any]) -> None:
@@ -109,6 +130,7 @@ def main(argv: list[str]) -> None:
         pass
     rng.seed_host_streams(ctx.seed + rank)
     _record.open_signature()
+    _wait_for_gate(ctx.run_dir)
 
     code = 0
     try:

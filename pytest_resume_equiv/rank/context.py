@@ -53,8 +53,9 @@ class RunContext:
         return self.checkpoint_template.replace("{split}", str(step))
 
     def should_save(self, step: int) -> bool:
-        """True in the uninterrupted launch at each split: save a checkpoint after this step."""
-        return self.phase == "baseline" and step in self.splits
+        """True in a launch that writes checkpoints (the uninterrupted one, or the interrupted
+        first launch of interrupt="stop"/"kill") at each split: save after this step."""
+        return self.phase in ("baseline", "interrupted") and step in self.splits
 
     def record(self, step: int, **values: Any) -> None:
         from .record import record

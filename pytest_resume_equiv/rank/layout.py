@@ -31,3 +31,8 @@ def status_path(run_dir: str, rank: int) -> str:
 
 def pid_dir(run_dir: str) -> str:
     return os.path.join(run_dir, "pids")
+
+
+def gate_path(run_dir: str) -> str:
+    """Created by the plugin when a prestarted launch may run the user's code."""
+    return os.path.join(run_dir, "go")

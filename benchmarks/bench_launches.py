@@ -1,0 +1,118 @@
+"""Wall time of a resume test written with the plugin against the same test written by hand.
+
+  a. examples/minimal, steps=8, split=4, 2 ranks: the plugin's test with rng_mutation=False
+     (the same two launches of work as by hand), and with the teeth check on;
+  b. splits [2, 4, 6]: the plugin's test against the hand-written test run once per split.
+
+The hand-written test is what a careful engineer writes without the plugin: torchrun the
+trainer uninterrupted (saving at the split), torchrun it again resumed, compare the per-rank
+metrics JSON the trainer writes. Each variant runs as its own pytest process, interleaved,
+`--repeat` times; the table shows medians and ratios against the hand-written test.
+
+    python benchmarks/bench_launches.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import textwrap
+
+from common import ROOT, machine, median_of, table, timed_run
+
+TRAIN = os.path.join(ROOT, "examples", "minimal", "train.py")
+
+PLUGIN_TEST = """
+from pytest_resume_equiv import resume_equivalent
+
+@resume_equivalent(steps=8, split={splits}, nproc=2, rng_mutation={mutation})
+def test_plugin(resume_equiv):
+    resume_equiv.run(
+        [{train!r}, "--max-steps={{steps}}", "--save-at={{splits}}", "--output-dir={{run_dir}}"],
+        checkpoint="{{run_dir}}/checkpoints/step_{{split}}",
+        resume_args=["--resume-from={{checkpoint}}"],
+    )
+"""
+
+HANDWRITTEN_TEST = """
+import json, os, subprocess, sys
+
+import pytest
+
+TRAIN = {train!r}
+
+
+def torchrun(*args):
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         TRAIN, "--max-steps=8", *args],
+        check=True, env={{**os.environ, "OMP_NUM_THREADS": "1"}},
+    )
+
+
+def metrics(path, rank):
+    with open(os.path.join(path, f"rank-{{rank}}.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("split", {splits})
+def test_handwritten(tmp_path, split):
+    base, resumed = tmp_path / "base", tmp_path / "resumed"
+    torchrun(f"--save-at={{split}}", f"--output-dir={{base}}", f"--metrics-dir={{base}}/m")
+    torchrun(f"--output-dir={{resumed}}", f"--metrics-dir={{resumed}}/m",
+             f"--resume-from={{base}}/checkpoints/step_{{split}}")
+    for rank in range(2):
+        want = {{k: v for k, v in metrics(f"{{base}}/m", rank).items() if int(k) > split}}
+        assert metrics(f"{{resumed}}/m", rank) == want
+"""
+
+
+def write(directory: str, name: str, text: str) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(text))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bench-launches-")
+    variants = {
+        "a: by hand (2 launches)": ("hand_a.py", HANDWRITTEN_TEST, [4], None),
+        "a: plugin, rng_mutation=False": ("plugin_a.py", PLUGIN_TEST, 4, False),
+        "a: plugin, teeth check on": ("plugin_a_teeth.py", PLUGIN_TEST, 4, True),
+        "b: by hand, per split (6 launches)": ("hand_b.py", HANDWRITTEN_TEST, [2, 4, 6], None),
+        "b: plugin, split=[2, 4, 6]": ("plugin_b.py", PLUGIN_TEST, [2, 4, 6], False),
+    }
+    for name, text, splits, mutation in variants.values():
+        write(work, f"test_{name}", text.format(train=TRAIN, splits=splits, mutation=mutation))
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "resume_equiv", "-p", "no:cacheprovider"]
+    pytest += ["--resume-equiv-device=cpu", "--rootdir", work]
+    samples: dict[str, list[float]] = {label: [] for label in variants}
+    for n in range(args.repeat):
+        for label, (name, *_rest) in variants.items():
+            samples[label].append(timed_run([*pytest, f"test_{name}"], cwd=work))
+            print(f"run {n + 1}/{args.repeat}: {label}: {samples[label][-1]:.1f}s", flush=True)
+    med = {label: median_of(s) for label, s in samples.items()}
+    base = {"a": med["a: by hand (2 launches)"], "b": med["b: by hand, per split (6 launches)"]}
+    rows = [["variant", "median s", "ratio to by hand", "target"]]
+    targets = {
+        "a: plugin, rng_mutation=False": "<= 1.0",
+        "b: plugin, split=[2, 4, 6]": "<= 0.6",
+    }
+    for label, value in med.items():
+        rows.append(
+            [label, f"{value:.1f}", f"{value / base[label[0]]:.2f}", targets.get(label, "")]
+        )
+    print()
+    print(machine())
+    print(f"pytest wall time per variant, median of {args.repeat} (whole pytest process)")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

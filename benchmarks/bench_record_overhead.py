@@ -1,0 +1,106 @@
+"""What `record` + `watch` add to a training step of a model with more than 10M parameters.
+
+One process plays one rank: the same training loop runs with the in-rank API switched off
+(no run context: every call is a no-op) and switched on (a run context, `watch(model=,
+optimizer=, scheduler=)`, `record(step, loss=, ...)` every step, which fingerprints every
+parameter, every optimizer moment and every RNG stream). Target: at most 3% of the step.
+
+    python benchmarks/bench_record_overhead.py [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+from common import machine, median_of, table
+
+import pytest_resume_equiv as req
+from pytest_resume_equiv.rank import context as context_module
+from pytest_resume_equiv.rank import record as record_module
+from pytest_resume_equiv.rank import watch as watch_module
+from pytest_resume_equiv.rank.layout import CONTEXT_ENV
+
+
+def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+    torch.manual_seed(seed)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=512, nhead=8, dim_feedforward=2048, dropout=0.1, batch_first=True
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(1024, 512),
+        torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False),
+        torch.nn.Linear(512, 1024),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    return model, opt, sched
+
+
+def step_times(steps: int, api_on: bool, tokens: tuple[int, int]) -> list[float]:
+    model, opt, sched = build()
+    if api_on:
+        req.watch(model=model, optimizer=opt, scheduler=sched)
+    times = []
+    for step in range(1, steps + 2):
+        start = time.perf_counter()
+        x = torch.randint(0, 1024, tokens)
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1024), x.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        req.record(step, loss=loss.item(), tokens=x, lr=sched.get_last_lr()[0])
+        if step > 1:  # the first step allocates optimizer state
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def api(on: bool, run_dir: str) -> None:
+    """Switch the in-rank API on (a run context, as the bootstrap gives a rank) or off."""
+    record_module.close()
+    record_module._writer = None
+    watch_module._watched.clear()
+    context_module._looked, context_module._cached = False, None
+    if on:
+        os.environ[CONTEXT_ENV] = json.dumps(
+            {"phase": "baseline", "run_dir": run_dir, "steps": 100, "split": 1, "splits": [1]}
+        )
+    else:
+        os.environ.pop(CONTEXT_ENV, None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # what a rank gets (OMP_NUM_THREADS=1)
+    params = sum(p.numel() for p in build()[0].parameters())
+    run_dir = tempfile.mkdtemp(prefix="bench-record-")
+    medians = {}
+    for label, on in (("API off", False), ("record + watch", True), ("API off again", False)):
+        api(on, run_dir)
+        medians[label] = median_of(step_times(args.steps, on, (args.batch, args.seq)))
+        api(False, run_dir)
+    off = (medians["API off"] + medians["API off again"]) / 2
+    rows = [["variant", "median step s", "overhead vs off"]]
+    for label, value in medians.items():
+        rows.append([label, f"{value:.3f}", f"{(value - off) / off * 100:+.1f}%"])
+    print(machine())
+    print(
+        f"model: {params / 1e6:.1f}M parameters (4-layer transformer, d=512), AdamW, batch "
+        f"{args.batch}x{args.seq} tokens, 1 thread, median of {args.steps} steps"
+    )
+    print(table(rows))
+    print("target: record + watch <= 3% of the step")
+
+
+if __name__ == "__main__":
+    main()

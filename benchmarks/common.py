@@ -1,0 +1,52 @@
+"""Shared bits of the benchmark scripts: timing subprocesses and printing ratio tables.
+
+Every benchmark measures its baseline in the same run, on the same machine, and prints
+ratios; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine() -> str:
+    import torch
+
+    return (
+        f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, {platform.platform()}"
+    )
+
+
+def timed_run(argv: Sequence[str], cwd: str, expect: int = 0) -> float:
+    """Wall seconds of one subprocess; a wrong exit status stops the benchmark (its numbers
+    would mean nothing)."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != expect:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"{argv!r} exited {proc.returncode}, expected {expect}")
+    return elapsed
+
+
+def median_of(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
