@@ -132,3 +132,14 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def section_of(text: str, name: str) -> str:
+    """The part of a pytest run's output about one test (its failure or error section)."""
+    start = text.find(f"_ {name} _")
+    if start < 0:
+        start = text.find(f"_ ERROR at setup of {name} _")
+    if start < 0:
+        return ""
+    end = text.find("\n___", start + 1)
+    return text[start : end if end > 0 else None]

@@ -6,7 +6,7 @@ trainer's mistakes happen in the resumed launch only (`--bad=...` is a resume ar
 every such test shares one uninterrupted launch and the whole session costs a few launches.
 """
 
-from helpers import CPU
+from helpers import CPU, section_of
 
 BAD_TRAINER = """
 import atexit, os, sys
@@ -240,16 +240,7 @@ def test_each_mistake_fails_its_own_test_with_a_clear_message(pytester):
                 summary[name] = "failed" if kind == "FAILED" else "error"
     assert summary == {name: outcome for name, (outcome, _) in EXPECTED.items()}, text[-3000:]
     for name, (_, words) in EXPECTED.items():
-        section = _section(text, name)
+        section = section_of(text, name)
         assert words in section, f"{name}: report lacks {words!r}:\n{section[-1500:]}"
         assert "During handling of the above exception" not in section
         assert "Traceback (most recent call last)" not in section or name == "test_unstorable_value"
-
-
-def _section(text: str, name: str) -> str:
-    """The part of pytest's output about one test (its failure or error section)."""
-    start = text.find(f"_ {name} _")
-    if start < 0:
-        start = text.find(f"_ ERROR at setup of {name} _")
-    end = text.find("\n___", start + 1)
-    return text[start : end if end > 0 else None]

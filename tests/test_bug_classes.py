@@ -1,17 +1,23 @@
 """Every CPU-reproducible class of ../shared/BUGS.md is caught, and the report names its cause.
 
-Each case runs tests/zoo/bugzoo.py (one trainer, one switch per bug) under the plugin in a
-pytest subprocess with real torchrun ranks on CPU/gloo. Class 2 (device RNG) needs an
-accelerator and is not here.
+tests/zoo/bugzoo.py is one trainer with a switch per bug. Each case is a resume test of its
+own in a real pytest session (pytester subprocess) with real torchrun ranks on CPU/gloo. The
+cases run in two sessions, one per xdist worker: inside a session, every test whose bug is on
+the load path shares the correct trainer's uninterrupted launch (and its determinism control),
+as tests in a user's suite do. Class 2 (device RNG) needs an accelerator and is not here.
 """
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CPU
+from helpers import CPU, section_of
 
 ZOO = Path(__file__).with_name("zoo") / "bugzoo.py"
+
+ON_EVERY_LAUNCH = {"eval_flags", "torn"}
+"""Bugs in training or on the save path: the uninterrupted launch must have them too."""
 
 CASES = [
     # (BUGS.md class, BUG switch, marker arguments, trainer, what the report must say)
@@ -154,73 +160,73 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def zoo(pytester):
-    shutil.copy(ZOO, pytester.path / "bugzoo.py")
-    return pytester
+GROUPS = {
+    # one pytest session per group, balanced in launches; each holds some passing controls
+    "a": [c for c in CASES if c[2] == "nproc=1" and c[3] == "train"],
+    "b": [c for c in CASES if not (c[2] == "nproc=1" and c[3] == "train")],
+}
+
+CONTROLS = {
+    # (group, test name, marker arguments, trainer): correct trainers that must pass
+    "a": [("control_one_rank", "nproc=1", "train")],
+    "b": [
+        ("control_two_ranks", "nproc=2", "train"),
+        ("control_epoch_boundary", "nproc=1, split=4", "train"),
+        ("control_several_splits", "nproc=1, steps=7, split=[2, 3, 5]", "train"),
+        ("control_master_weights", "nproc=1", "train_master_weights"),
+    ],
+}
 
 
 def _marker(args: str) -> str:
-    given = dict(part.strip().split("=") for part in args.split(","))
+    given = dict(part.strip().split("=", 1) for part in re.split(r",\s*(?=\w+=)", args))
     given.setdefault("steps", "6")
     given.setdefault("split", "3")
     return ", ".join(f"{k}={v}" for k, v in given.items())
 
 
-@pytest.mark.parametrize(
-    ("bug", "args", "trainer", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
-def test_bug_class_is_caught_and_named(zoo, bug, args, trainer, expected):
-    zoo.makepyfile(
-        test_bug=f"""
-        from pytest_resume_equiv import resume_equivalent
-        from bugzoo import {trainer}
+def _test_module(group: str) -> str:
+    lines = ["from pytest_resume_equiv import resume_equivalent", ""]
+    cases = [(c[0], c[1], c[2], c[3]) for c in GROUPS[group]]
+    cases += [(name, "none", args, trainer) for name, args, trainer in CONTROLS[group]]
+    for case_id, bug, args, trainer in cases:
+        name = "test_" + case_id.replace("-", "_")
+        command = ["bugzoo.py", f"--trainer={trainer}"]
+        resume_args = []
+        if bug != "none":
+            (command if bug in ON_EVERY_LAUNCH else resume_args).append(f"--bug={bug}")
+        lines += [
+            "",
+            f"@resume_equivalent({_marker(args)})",
+            f"def {name}(resume_equiv):",
+            f"    resume_equiv.run({command!r}, resume_args={resume_args!r})",
+            "",
+        ]
+    return "\n".join(lines)
 
-        @resume_equivalent({_marker(args)}, env={{"BUG": "{bug}"}})
-        def test_bug(resume_equiv):
-            resume_equiv.run({trainer})
-        """
-    )
-    result = zoo.runpytest_subprocess(*CPU)
-    result.assert_outcomes(failed=1)
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_bug_classes_are_caught_and_named(pytester, group):
+    shutil.copy(ZOO, pytester.path / "bugzoo.py")
+    pytester.makepyfile(test_bugs=_test_module(group))
+    result = pytester.runpytest_subprocess(*CPU, "-rA")
     text = result.stdout.str()
-    verdict = [
-        line.strip() for line in result.stdout.lines if "likely cause" in line or "split" in line
-    ]
-    for phrase in expected:
-        assert phrase in text, f"report lacks {phrase!r}; it says: {verdict}"
-    assert "not deterministic" not in text
-    assert "Traceback" not in text  # a clean verdict, not a crashed rank
-
-
-def test_correct_trainers_pass(zoo):
-    """No false alarms: 1 and 2 ranks, a resume at an epoch boundary, several splits."""
-    zoo.makepyfile(
-        test_controls="""
-        from pytest_resume_equiv import resume_equivalent
-        from bugzoo import train, train_master_weights
-
-        @resume_equivalent(steps=6, split=3, nproc=1)
-        def test_one_rank(resume_equiv):
-            resume_equiv.run(train)
-
-        @resume_equivalent(steps=6, split=3, nproc=2)
-        def test_two_ranks(resume_equiv):
-            resume_equiv.run(train)
-
-        @resume_equivalent(steps=6, split=4, nproc=1)
-        def test_epoch_boundary(resume_equiv):
-            resume_equiv.run(train)
-
-        @resume_equivalent(steps=7, split=[2, 3, 5], nproc=1, rng_mutation=False)
-        def test_several_splits(resume_equiv):
-            outcome = resume_equiv.run(train)
-            assert [v.split for v in outcome.verdicts] == [2, 3, 5]
-
-        @resume_equivalent(steps=5, split=2, nproc=1)
-        def test_master_weights(resume_equiv):
-            resume_equiv.run(train_master_weights)
-        """
-    )
-    result = zoo.runpytest_subprocess(*CPU)
-    result.assert_outcomes(passed=5)
+    assert "INTERNALERROR" not in text
+    problems = []
+    for case_id, _bug, _args, _trainer, expected in GROUPS[group]:
+        name = "test_" + case_id.replace("-", "_")
+        section = section_of(text, name)
+        if f"FAILED test_bugs.py::{name}" not in text:
+            problems.append(f"{case_id}: not caught (the test did not fail)")
+            continue
+        missing = [phrase for phrase in expected if phrase not in section]
+        if missing:
+            problems.append(f"{case_id}: report lacks {missing}; it says:\n{section[:1500]}")
+        if "not deterministic" in section or "Traceback" in section:
+            problems.append(f"{case_id}: not a clean resume verdict:\n{section[:1500]}")
+    for name, _args, _trainer in CONTROLS[group]:
+        if f"PASSED test_bugs.py::test_{name}" not in text:
+            problems.append(
+                f"{name}: a correct trainer did not pass:\n{section_of(text, 'test_' + name)}"
+            )
+    assert not problems, "\n".join(problems)

@@ -11,10 +11,15 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
+import os
 from typing import Any
 
 SMALL_TENSOR = 16
 """Tensors with at most this many elements also store their values (readable diffs)."""
+HASH_CHUNK = 1 << 24
+"""Bytes per piece when a large CPU tensor is hashed in pieces on several threads: the
+fingerprint is the hash of the pieces' hashes, the same whatever the number of threads."""
+HASH_THREADS = 4
 DEVICE_CHUNK = 1 << 24
 """32-bit words reduced per device kernel launch (bounds the temporary memory)."""
 
@@ -76,13 +81,38 @@ def device_digest(flat: Any) -> str:
     return f"{nbytes:x}-{first.item() & _MASK64:016x}{second.item() & _MASK64:016x}"
 
 
+_pool: Any = None
+
+
+def _hash_pieces(data: Any) -> str:
+    """xxh3 is faster than one core can read memory; several threads (it releases the GIL
+    on large buffers) bring a big tensor's fingerprint close to the memory bandwidth."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        threads = min(
+            HASH_THREADS,
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1,
+        )
+        _pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="resume-equiv-hash")
+    pieces = [data[i : i + HASH_CHUNK] for i in range(0, len(data), HASH_CHUNK)]
+    digests = _pool.map(lambda piece: bytes.fromhex(hash_bytes(piece)), pieces)
+    return "p" + hash_bytes(b"".join(digests))
+
+
 def content_hash(tensor: Any) -> str:
     flat = _local(tensor).reshape(-1)
     if flat.numel() == 0:
         return hash_bytes(b"")
     if flat.device.type not in ("cpu", "meta"):
         return "d" + device_digest(flat.contiguous())
-    return hash_bytes(_cpu_bytes(flat.contiguous()))
+    data = _cpu_bytes(flat.contiguous())
+    if len(data) > HASH_CHUNK:
+        return _hash_pieces(data)
+    return hash_bytes(data)
 
 
 def _number(x: float) -> Any:
@@ -105,8 +135,11 @@ def describe(tensor: Any) -> dict[str, Any]:
     values = local.reshape(-1)
     if local.is_complex():
         values = torch.view_as_real(values).reshape(-1)
-    as_double = values.to(torch.float64)
-    stats = torch.stack([as_double.mean(), as_double.min(), as_double.max(), as_double.norm()])
+    # Statistics are for people to read (the hash is the exact part): float32 is precise
+    # enough and several times faster than float64 over a large tensor.
+    work = values if values.dtype in (torch.float32, torch.float64) else values.to(torch.float32)
+    low, high = torch.aminmax(work)
+    stats = torch.stack([work.mean(), low, high, torch.linalg.vector_norm(work)])
     mean, low, high, norm = stats.cpu().tolist()
     info["stats"] = {
         "mean": _number(mean),
@@ -115,5 +148,5 @@ def describe(tensor: Any) -> dict[str, Any]:
         "norm": _number(norm),
     }
     if values.numel() <= SMALL_TENSOR:
-        info["values"] = [_number(v) for v in as_double.cpu().tolist()]
+        info["values"] = [_number(v) for v in values.to(torch.float64).cpu().tolist()]
     return info

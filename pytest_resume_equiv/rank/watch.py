@@ -36,12 +36,27 @@ def _norm(tensor: Any) -> Any:
     import torch
 
     local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
-    value = float(local.detach().to(torch.float64).norm()) if local.numel() else 0.0
+    local = local.detach()
+    if local.dtype not in (torch.float32, torch.float64):
+        local = local.to(torch.float32)
+    value = float(torch.linalg.vector_norm(local)) if local.numel() else 0.0
     return encode_float(value)
 
 
+_seen: dict[int, dict[str, Any]] = {}
+"""Fingerprints taken during the current audit, by tensor identity: a parameter is watched
+through its module and its optimizer, and hashed once."""
+
+
+def _fingerprint(tensor: Any) -> dict[str, Any]:
+    key = id(tensor)
+    if key not in _seen:
+        _seen[key] = {"hash": content_hash(tensor), "norm": _norm(tensor)}
+    return _seen[key]
+
+
 def _tensors(named: Any) -> dict[str, Any]:
-    return {name: {"hash": content_hash(t), "norm": _norm(t)} for name, t in named}
+    return {name: _fingerprint(t) for name, t in named}
 
 
 def _param_names() -> dict[int, str]:
@@ -77,7 +92,7 @@ def _optimizer(optimizer: Any, names: dict[int, str]) -> dict[str, Any]:
         )
         for i, param in enumerate(group["params"]):
             name = names.get(id(param), f"group{g}.param{i}")
-            params[name] = {"hash": content_hash(param), "norm": _norm(param)}
+            params[name] = _fingerprint(param)
             entries = optimizer.state.get(param, {})
             state[name] = {
                 k: content_hash(v) if isinstance(v, torch.Tensor) else encode(v, k)
@@ -114,6 +129,15 @@ def audit() -> dict[str, Any]:
     torch = sys.modules["torch"]
     names = _param_names()
     out: dict[str, Any] = {}
+    _seen.clear()
+    try:
+        _audit_into(out, torch, names)
+    finally:
+        _seen.clear()  # never keep ids across steps: a freed tensor's id can be reused
+    return out
+
+
+def _audit_into(out: dict[str, Any], torch: Any, names: dict[int, str]) -> None:
     for name, obj in _watched.items():
         if isinstance(obj, torch.nn.Module):
             sections = _module(obj)
@@ -129,4 +153,3 @@ def audit() -> dict[str, Any]:
             sections = {"value": _state_dict(obj)}
         for section, value in sections.items():
             out[f"{name}.{section}"] = value
-    return out

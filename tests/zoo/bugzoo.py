@@ -1,12 +1,16 @@
-"""One trainer with a switch per resume bug of ../shared/BUGS.md (env BUG; "none" is correct).
+"""One trainer with a switch per resume bug of ../shared/BUGS.md (`--bug=NAME`; none: correct).
 
 Written to be read: every bug is one `if BUG == ...` at the place where a real trainer gets it
-wrong. Runs inside ranks launched by the plugin (function mode: `train(ctx)`).
+wrong. Runs inside ranks launched by the plugin, as a script:
+`bugzoo.py --trainer=train --bug=NAME`. A bug on the load path is passed to the resumed launch
+only (resume_args), so the uninterrupted launch is the correct trainer's and tests share it; a
+bug on the save path or in training itself is passed to every launch.
 """
 
 import copy
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -14,7 +18,13 @@ import torch.distributed as dist
 
 import pytest_resume_equiv as req
 
-BUG = os.environ.get("BUG", "none")
+
+def _flag(name, default):
+    prefix = f"--{name}="
+    return next((a[len(prefix) :] for a in sys.argv[1:] if a.startswith(prefix)), default)
+
+
+BUG = _flag("bug", "none")
 BATCH = 2
 BATCHES_PER_EPOCH = 4
 ACCUM = 2  # optimizer step every ACCUM batches (gradient accumulation)
@@ -265,3 +275,9 @@ def train_master_weights(ctx):
                 },
             )
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    {"train": train, "train_master_weights": train_master_weights}[_flag("trainer", "train")](
+        req.context()
+    )
