@@ -60,14 +60,16 @@ def _first_diff_name(a: Any, b: Any) -> str:
     return path.split("'")[1] if "'" in path else path
 
 
-def _collapsed(base: Steps, res: Steps, rank: int, step: int, key: str) -> bool:
-    """Rank `rank` (> 0) resumed with rank 0's stream: one rank's state loaded everywhere."""
-    if rank == 0 or key not in res[rank].get(step, {}) or key not in base[0].get(step, {}):
-        return False
-    return (
-        res[rank][step][key] == base[0][step][key]
-        and base[rank][step].get(key) != base[0][step][key]
-    )
+def _borrowed_from(base: Steps, res: Steps, rank: int, step: int, key: str) -> Optional[int]:
+    """The other rank whose stream `rank` resumed with (rank 0's saved everywhere, or state
+    keyed by local rank so two nodes' ranks read one file), if any."""
+    value = res[rank].get(step, {}).get(key)
+    if value is None or base[rank].get(step, {}).get(key) == value:
+        return None
+    for other in sorted(base, key=lambda r: (r != 0, r)):
+        if other != rank and base[other].get(step, {}).get(key) == value:
+            return other
+    return None
 
 
 def _lr_shift(base: Steps, res: Steps, rank: int, step: int, key: str) -> Optional[int]:
@@ -153,10 +155,12 @@ def _classify(
                 continue
             key = hits[0]
             name = _stream(key)
-            if _collapsed(base, res, rank, step, key):
+            other = _borrowed_from(base, res, rank, step, key)
+            if other is not None:
                 return Diagnosis(
-                    f"{where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank 0's: "
-                    "one rank's RNG state was saved and loaded into every rank (save each rank's own)",
+                    f"{where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
+                    f"{other}'s: one rank's RNG state was loaded into another (save each rank's "
+                    "own, in a file keyed by its global rank, not its local rank)",
                     "per-rank RNG collapsed",
                 )
             if name in stream_words:

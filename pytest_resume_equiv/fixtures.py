@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -13,7 +14,7 @@ from typing import Any, Callable, Optional, Union
 import pytest
 
 from .devices import Device, DeviceLease, visible_ids
-from .launch import LaunchResult, LaunchSpec, RunningLaunch, launch
+from .launch import LaunchResult, LaunchSpec, RunningLaunch, launch, terminate_as_interrupt
 from .orchestrate import (
     DEFAULT_CHECKPOINT,
     Handle,
@@ -31,7 +32,13 @@ from .orchestrate import (
     target_from_argv,
     target_from_callable,
 )
-from .report import format_launch_failure, format_outcome, format_plan_summary, outcome_json
+from .report import (
+    format_launch_failure,
+    format_outcome,
+    format_plan_summary,
+    format_shutdown_deaths,
+    outcome_json,
+)
 from .settings import MarkerSpec, Resolved
 from .share import SharedBaseline
 from .signature import Signature, read_run
@@ -72,6 +79,10 @@ def _lease(device: Device, n: int, timeout: float) -> Optional[DeviceLease]:
     lease = DeviceLease(device.kind, visible_ids(device.kind, device.count))
     lease.acquire(n, timeout)
     return lease
+
+
+class ResumeEquivWarning(UserWarning):
+    """Something the test author should know that does not change the verdict."""
 
 
 class LeasedLaunch:
@@ -121,6 +132,7 @@ class ResumeEquiv:
         self.device: Device = prepared.device
         self.timeout: Resolved = prepared.timeout
         self.rng_mutation: bool = prepared.rng_mutation
+        self.strict_shutdown: bool = prepared.strict_shutdown
         self.root = root
         self._report_section = report_section
         self.outcome: Optional[ResumeOutcome] = None
@@ -130,6 +142,8 @@ class ResumeEquiv:
         self.owner = owner
         self.running = False
         """True while launches run: an interrupted test keeps its run directories."""
+        self.lease_dir: Optional[str] = None
+        """Where device lease locks live (None: shared by every pytest on this machine)."""
         self.shared: list[str] = []
         """Shared baseline directories this test used (kept with the test on a failure)."""
 
@@ -152,7 +166,8 @@ class ResumeEquiv:
             spec = planned.spec
             if self.device.kind == "cpu":
                 return RunningLaunch(spec, gated=gated)
-            lease = DeviceLease(self.device.kind, visible_ids(self.device.kind, self.device.count))
+            ids = visible_ids(self.device.kind, self.device.count)
+            lease = DeviceLease(self.device.kind, ids, self.lease_dir)
             if not lease.try_acquire(spec.nproc):
                 first = waiting.setdefault(spec.name, time.monotonic())
                 if time.monotonic() - first > self.timeout.value:
@@ -252,23 +267,28 @@ class ResumeEquiv:
         parallel, prefetch = self._parallel()
         self.running = True
         try:
-            outcome = execute(
-                plan,
-                self.spec,
-                start=self._starter(self.owner),
-                on_launch=partial.launches.append,
-                parallel=parallel,
-                prefetch=prefetch,
-            )
+            with terminate_as_interrupt():
+                outcome = execute(
+                    plan,
+                    self.spec,
+                    start=self._starter(self.owner),
+                    on_launch=partial.launches.append,
+                    parallel=parallel,
+                    prefetch=prefetch,
+                )
         except LaunchFailed as exc:
+            self.running = False
             self.records[-1].update(
                 outcome_json(partial), error=f"the {exc.result.spec.name} launch failed"
             )
             self._report_section(format_plan_summary(partial))
             role = ROLES.get(exc.role, exc.role)
             failure = format_launch_failure(exc.result, role)
+            if exc.note:
+                failure += f"\n  likely cause: {exc.note}"
             return None, f"{failure}\n  ({self.root.kept_text()})"
         except ResumeEquivError as exc:
+            self.running = False
             self.records[-1].update(outcome_json(partial), error=str(exc))
             self._report_section(format_plan_summary(partial))
             return None, f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
@@ -278,6 +298,11 @@ class ResumeEquiv:
         self._report_section(format_plan_summary(outcome))
         if not outcome.equal:
             return None, format_outcome(outcome, self.root.kept_text())
+        deaths = format_shutdown_deaths(outcome.launches)
+        if deaths and self.strict_shutdown:
+            return None, f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)"
+        if deaths:
+            warnings.warn(ResumeEquivWarning(deaths), stacklevel=3)
         return outcome, ""
 
 
@@ -285,11 +310,16 @@ class Torchrun:
     """Returned by the `torchrun` fixture: launch a script, `-m module` or function."""
 
     def __init__(
-        self, device_for: Callable[[int], Device], timeout: Resolved, root: RunRoot
+        self,
+        device_for: Callable[[int], Device],
+        timeout: Resolved,
+        root: RunRoot,
+        strict_shutdown: bool = False,
     ) -> None:
         self._device_for = device_for
         self.timeout = timeout
         self.root = root
+        self.strict_shutdown = strict_shutdown
         self._count = 0
 
     def __call__(
@@ -340,6 +370,11 @@ class Torchrun:
                 lease.release()
         if check and not result.ok:
             _fail(format_launch_failure(result, "torchrun"))
+        deaths = format_shutdown_deaths([result])
+        if check and deaths and self.strict_shutdown:
+            _fail(f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)")
+        if deaths:
+            warnings.warn(ResumeEquivWarning(deaths), stacklevel=2)
         return result
 
     @staticmethod

@@ -7,6 +7,7 @@ agent's group is not enough: the pid files let us kill every rank's group too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,13 +17,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .rank.layout import CONTEXT_ENV, gate_path, log_path, pid_dir, status_path
+from .stacks import faulthandler_frames, py_spy_dump, py_spy_frames, summary
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 STACK_DUMP_WAIT = 2.0
@@ -68,7 +71,8 @@ class LaunchSpec:
 class RankOutcome:
     rank: int
     status: str
-    """ok | error | exit | none (no status file: killed by a signal, or hung)"""
+    """ok | error | exit | shutdown (finished, then died on the way out) | none (no status
+    file: killed by a signal, or hung)"""
     detail: str = ""
     exitcode: Optional[int] = None
 
@@ -95,11 +99,16 @@ class LaunchResult:
 
     @property
     def ok(self) -> bool:
-        return (
-            not self.timed_out
-            and all(r.ok for r in self.ranks)
-            and all(code == 0 for code in self.returncodes)
-        )
+        """Every rank finished its work. A rank that then died in interpreter shutdown counts
+        (see `shutdown_deaths`); torchrun's own exit status then says failure, so only that
+        case may have a nonzero agent status."""
+        if self.timed_out or not all(r.ok or r.status == "shutdown" for r in self.ranks):
+            return False
+        return all(code == 0 for code in self.returncodes) or bool(self.shutdown_deaths)
+
+    @property
+    def shutdown_deaths(self) -> list[RankOutcome]:
+        return [r for r in self.ranks if r.status == "shutdown"]
 
     @property
     def agent_logs(self) -> list[str]:
@@ -169,17 +178,19 @@ def _rerun_line(spec: LaunchSpec, extra: dict[str, str], argv: Sequence[str]) ->
     return f"cd {shlex.quote(cwd)} && env {assigns} {shlex.join(argv)}"
 
 
-def _read_pids(run_dir: str) -> list[int]:
-    pids = []
+def _read_pids(run_dir: str) -> dict[int, int]:
+    """rank -> pid, from the pid files every rank writes at start."""
+    pids: dict[int, int] = {}
     try:
         names = os.listdir(pid_dir(run_dir))
     except OSError:
         return pids
     for name in names:
         try:
+            rank = int(name.split("-", 1)[1].split(".", 1)[0])
             with open(os.path.join(pid_dir(run_dir), name)) as f:
-                pids.append(int(f.read().strip()))
-        except (OSError, ValueError):
+                pids[rank] = int(f.read().strip())
+        except (OSError, ValueError, IndexError):
             continue
     return pids
 
@@ -203,9 +214,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def dump_stacks(run_dir: str) -> None:
-    """Ask every live rank for a Python stack dump (faulthandler, into its stderr log)."""
-    for pid in _read_pids(run_dir):
+    """Take every live rank's Python stack: py-spy from outside when installed (it sees a rank
+    stuck in C code too), and faulthandler into the rank's stderr log."""
+    for rank, pid in _read_pids(run_dir).items():
         if _is_our_rank(pid):
+            py_spy_dump(pid, log_path(run_dir, rank, "pyspy"))
             try:
                 os.kill(pid, signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
@@ -214,7 +227,7 @@ def dump_stacks(run_dir: str) -> None:
 
 def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
     """Kill the agents' process groups and every rank's own group; wait for the agents."""
-    for pid in _read_pids(run_dir):
+    for pid in _read_pids(run_dir).values():
         if _is_our_rank(pid):
             _signal_group(pid, signal.SIGKILL)
     for proc in procs:
@@ -246,6 +259,19 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def stuck_where(run_dir: str, rank: int) -> str:
+    """Where a rank killed at the timeout was stuck (py-spy's view first, then faulthandler's)."""
+    for stream, parse in (("pyspy", py_spy_frames), ("stderr", faulthandler_frames)):
+        try:
+            with open(log_path(run_dir, rank, stream), encoding="utf-8", errors="replace") as f:
+                where = summary(parse(f.read()))
+        except OSError:
+            continue
+        if where:
+            return where
+    return ""
+
+
 def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[RankOutcome]:
     codes = _agent_exitcodes(agent_text)
     outcomes = []
@@ -259,6 +285,9 @@ def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[R
         if status is None:
             if timed_out:
                 detail = "still running at the timeout (killed)"
+                where = stuck_where(spec.run_dir, rank)
+                if where:
+                    detail += f"; {where}"
             elif code is not None and code < 0:
                 detail = f"killed by {_signal_name(code)}"
             elif code is not None:
@@ -266,6 +295,15 @@ def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[R
             else:
                 detail = "ended without reporting a status (killed, or never started)"
             outcomes.append(RankOutcome(rank, "none", detail, code))
+        elif status.get("status") == "ok" and code is not None and code != 0:
+            # Work done and signature closed, then the interpreter died on the way out
+            # (e.g. SIGABRT from a communication thread torn down at exit).
+            how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
+            detail = (
+                f"finished its work and closed its signature, then died during interpreter "
+                f"shutdown ({how})"
+            )
+            outcomes.append(RankOutcome(rank, "shutdown", detail, code))
         elif status.get("status") == "ok":
             outcomes.append(RankOutcome(rank, "ok", "", 0))
         elif status.get("status") == "exit":
@@ -387,11 +425,31 @@ class RunningLaunch:
 
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run one torchrun launch to the end (or its timeout); never leaves a process behind."""
-    running = RunningLaunch(spec)
+    with terminate_as_interrupt():
+        running = RunningLaunch(spec)
+        try:
+            return running.wait()
+        finally:
+            running.kill()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While launches run, SIGTERM to pytest raises KeyboardInterrupt like Ctrl-C does, so the
+    code that kills every started launch runs instead of the process vanishing and leaving
+    torchrun agents (each in a session of its own) behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        return running.wait()
+        yield
     finally:
-        running.kill()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def result_to_json(result: LaunchResult) -> dict:

@@ -384,10 +384,14 @@ class ResumeOutcome:
 
 
 class LaunchFailed(ResumeEquivError):
-    def __init__(self, message: str, result: LaunchResult, role: str = "baseline") -> None:
+    def __init__(
+        self, message: str, result: LaunchResult, role: str = "baseline", note: str = ""
+    ) -> None:
         super().__init__(message)
         self.result = result
         self.role = role
+        self.note = note
+        """What the plugin knows about why (e.g. its checkpoint came from a killed launch)."""
 
 
 def read_signatures(result: LaunchResult) -> dict[int, Signature]:
@@ -525,6 +529,7 @@ def execute(
         jobs.append(_Job(plan.teeth, "teeth", _base_name(plan.teeth)))
     diverged: set[str] = set()
     finished: set[str] = set()
+    killed_sources: dict[str, int] = {}
 
     def ready(job: _Job) -> bool:
         """A launch may run its code once the launches it reads from have exited."""
@@ -537,8 +542,20 @@ def execute(
         if on_launch is not None:
             on_launch(result)
         if not result.ok and not result.killed_on_purpose:
-            raise LaunchFailed(f"the {job.planned.spec.name} launch failed", result, job.role)
+            note = ""
+            source = job.planned.source
+            killed = killed_sources.get(source.spec.name, 0) if source is not None else 0
+            if killed:
+                note = (
+                    f"the checkpoint it loads was written by a launch SIGKILLed once every rank "
+                    f"had recorded step {killed} (interrupt='kill'): a checkpoint must be "
+                    "complete on disk before training goes on past it; one written in the "
+                    "background can be missing or torn when the job dies"
+                )
+            raise LaunchFailed(f"the {job.planned.spec.name} launch failed", result, job.role, note)
         finished.add(job.planned.spec.name)
+        if result.killed_on_purpose:
+            killed_sources[job.planned.spec.name] = result.killed_on_purpose
         for other in jobs:
             if other.planned.source is job.planned and other.role == "resumed":
                 if not os.path.exists(other.planned.checkpoint or ""):

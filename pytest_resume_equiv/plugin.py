@@ -7,6 +7,7 @@ reused offline.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from collections.abc import Generator
@@ -46,12 +47,15 @@ class Prepared:
     device: Device
     timeout: Resolved
     rng_mutation: bool
+    strict_shutdown: bool = False
 
 
 PREPARED_KEY = pytest.StashKey[Prepared]()
 REPORT_KEY = pytest.StashKey[list]()
 FAILED_KEY = pytest.StashKey[bool]()
 SHARED_KEY = pytest.StashKey[str]()
+ACTIVE_KEY = pytest.StashKey[dict]()
+"""node id -> the ResumeEquiv fixture of every resume test running now."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
     config.stash[SETTINGS_KEY] = resolve_session(config)
     config.stash[REPORT_KEY] = []
+    config.pluginmanager.register(_InterruptReporter(config), "resume-equiv-interrupts")
 
 
 def _shared_root(request: pytest.FixtureRequest, factory: pytest.TempPathFactory) -> str:
@@ -97,6 +102,29 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     path = getattr(node, "workeroutput", {}).get("resume_equiv_shared")
     if path:
         node.config.stash[SHARED_KEY] = path
+
+
+class _InterruptReporter:
+    """Ctrl-C or SIGTERM: say where the interrupted tests' partial run directories are.
+    (A plugin object, because the hook is given no config.)"""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for fixture in self.config.stash.get(ACTIVE_KEY, {}).values():
+            if not fixture.running:
+                continue
+            for path in fixture.shared:
+                mark_kept(path)  # the session's cleanup of shared baselines spares them
+            paths = [p for p in (fixture.root.path, *fixture.shared) if os.path.isdir(p)]
+            line = (
+                "resume-equiv: interrupted; every launch was killed; partial run directories "
+                "kept: " + ", ".join(paths)
+            )
+            if reporter is not None:
+                reporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -180,7 +208,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         timeout = Resolved(spec.timeout, "marker @resume_equivalent(timeout=...)")
     rng_mutation = settings["rng_mutation"] if spec.rng_mutation is None else spec.rng_mutation
     device = _device(item.config, spec.nproc)
-    item.stash[PREPARED_KEY] = Prepared(spec, device, timeout, rng_mutation)
+    item.stash[PREPARED_KEY] = Prepared(
+        spec, device, timeout, rng_mutation, settings["strict_shutdown"]
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -220,8 +250,12 @@ def resume_equiv(
     fixture = ResumeEquiv(
         prepared, root, section, _shared_root(request, tmp_path_factory), owner=node.nodeid
     )
+    active = request.config.stash.setdefault(ACTIVE_KEY, {})
+    active[node.nodeid] = fixture
     yield fixture
-    failed = node.stash.get(FAILED_KEY, False)
+    active.pop(node.nodeid, None)
+    # A test stopped mid-run (Ctrl-C, SIGTERM) keeps what its launches wrote so far.
+    failed = node.stash.get(FAILED_KEY, False) or fixture.running
     if failed:
         for path in fixture.shared:
             mark_kept(path)
@@ -246,7 +280,12 @@ def torchrun(
     """Launch a script, `["-m", module, ...]` or module-level function under torchrun."""
     root = _run_root(request, tmp_path_factory)
     settings = _settings(request.config)
-    yield Torchrun(lambda n: _device(request.config, n), settings.values["timeout"], root)
+    yield Torchrun(
+        lambda n: _device(request.config, n),
+        settings.values["timeout"],
+        root,
+        strict_shutdown=not settings.error and settings["strict_shutdown"],
+    )
     root.finish(request.node.stash.get(FAILED_KEY, False))
 
 

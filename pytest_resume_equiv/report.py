@@ -80,6 +80,15 @@ def format_comparison(cmp: Comparison) -> str:
     return "\n".join(lines)
 
 
+def _last_output(result: LaunchResult, rank: int, lines: int = 2) -> str:
+    """A rank's last lines of stderr (or stdout when stderr is empty), on one line."""
+    for stream in ("stderr", "stdout"):
+        tail = result.tail(result.rank_log(rank, stream), lines).strip()
+        if tail:
+            return " | ".join(line.strip() for line in tail.splitlines())
+    return ""
+
+
 def format_launch_failure(result: LaunchResult, role: str) -> str:
     spec = result.spec
     if result.timed_out:
@@ -97,6 +106,12 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
                 f"  --- last lines of rank {outcome.rank} stderr ({result.rank_log(outcome.rank)}) ---"
             )
             lines += ["  " + line for line in tail.splitlines()]
+    others = [r for r in result.ranks if r not in bad[:2]]
+    if bad and others:
+        lines.append("  --- the other ranks' last lines ---")
+        for outcome in others[:8]:
+            tail = _last_output(result, outcome.rank)
+            lines.append(f"  rank {outcome.rank} ({outcome.status}): {tail or '(no output)'}")
     if not bad:
         for path in result.agent_logs:
             tail = result.tail(path).rstrip()
@@ -106,6 +121,19 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
     lines.append(f"  run directory: {spec.run_dir}")
     lines.append(f"  rerun by hand: {result.command}")
     return "\n".join(lines)
+
+
+def format_shutdown_deaths(results: list[LaunchResult]) -> str:
+    """One sentence naming every rank that finished, closed its signature, then died."""
+    deaths = [(r, d) for r in results for d in r.shutdown_deaths]
+    if not deaths:
+        return ""
+    where = "; ".join(f"{r.spec.name} rank {d.rank}: {d.detail}" for r, d in deaths)
+    return (
+        f"{len(deaths)} rank(s) died during interpreter shutdown after their work was done and "
+        f"their signatures were closed, so the comparison stands: {where} (stderr in each run "
+        "directory's logs/)"
+    )
 
 
 DETERMINISM_KNOBS = (

@@ -124,6 +124,14 @@ OPTIONS: dict[str, Option] = {
             "report", "write a JSON report of every resume test to this path", None, parse_report
         ),
         Option(
+            "strict_shutdown",
+            "fail, instead of warning, when a rank finished its work and closed its signature "
+            "but then died during interpreter shutdown (e.g. SIGABRT in a gloo/NCCL thread)",
+            False,
+            parse_bool,
+            flag=True,
+        ),
+        Option(
             "rng_mutation",
             "run the teeth check (one extra resumed launch with every RNG stream perturbed): "
             "true (default) or false; the marker's rng_mutation= wins",

@@ -8,8 +8,11 @@ CPU = ("-p", "resume_equiv", "--resume-equiv-device=cpu")
 # The trainers every scenario writes into its pytester directory: one loop, one switch per bug.
 
 TRAINERS = """
+import atexit
+import copy
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -18,7 +21,7 @@ import torch.distributed as dist
 import pytest_resume_equiv as req
 
 
-def _loop(ctx, restore_rng=True, restart=False, save=True):
+def _loop(ctx, restore_rng=True, restart=False, save=True, state_rank=None, background=False):
     ctx.init_process_group()
     rank = ctx.rank
     torch.manual_seed(0)
@@ -26,8 +29,9 @@ def _loop(ctx, restore_rng=True, restart=False, save=True):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(100 + rank)
     start = 1
+    own = rank if state_rank is None else state_rank
     if ctx.resuming:
-        state = torch.load(os.path.join(ctx.checkpoint, f"rank-{rank}.pt"), weights_only=True)
+        state = torch.load(os.path.join(ctx.checkpoint, f"rank-{own}.pt"), weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         if restore_rng:
@@ -45,9 +49,21 @@ def _loop(ctx, restore_rng=True, restart=False, save=True):
         if save and ctx.should_save(step):
             path = ctx.checkpoint_for(step)
             os.makedirs(path, exist_ok=True)
-            state = {"model": model.state_dict(), "opt": opt.state_dict(),
+            state = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
                      "rng": torch.get_rng_state(), "step": step}
-            torch.save(state, os.path.join(path, f"rank-{rank}.pt"))
+            tmp = os.path.join(path, f".rank-{rank}.tmp")
+            final = os.path.join(path, f"rank-{own}.pt")
+
+            def write(state=state, tmp=tmp, final=final):
+                if background:
+                    time.sleep(5)  # a slow background write, still running when the job dies
+                torch.save(state, tmp)
+                os.replace(tmp, final)  # atomic: the last writer wins, nothing torn
+
+            if background:
+                threading.Thread(target=write, daemon=True).start()
+            else:
+                write()
     dist.destroy_process_group()
 
 
@@ -79,10 +95,6 @@ def rank1_killed(ctx):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def sleeps_forever(ctx):
-    time.sleep(300)
-
-
 def _steps_after_resume(ctx):
     for step in range(ctx.split + 1 if ctx.resuming else 1, ctx.steps + 1):
         yield step
@@ -109,6 +121,35 @@ def no_randomness(ctx):
 def nondeterministic(ctx):
     for step in _steps_after_resume(ctx):
         req.record(step, value=int.from_bytes(os.urandom(4), "little"))
+
+
+def train_state_by_local_rank(ctx):
+    # per-rank state keyed by the local rank: on 2 nodes both ranks are local rank 0
+    _loop(ctx, state_rank=ctx.local_rank)
+
+
+def train_saves_in_background(ctx):
+    _loop(ctx, background=True)
+
+
+def train_aborts_at_exit(ctx):
+    _loop(ctx)
+    # after the work: a teardown abort like gloo's "terminate called without an active exception"
+    atexit.register(os.abort)
+
+
+def hangs_in_collective(ctx):
+    ctx.init_process_group()
+    if ctx.rank == 0:
+        time.sleep(300)  # never joins the collective
+    dist.all_reduce(torch.ones(1))
+
+
+def sleeps_after_start(ctx):
+    # tells the test it started, then runs long enough to be interrupted
+    with open(os.environ["STARTED_FILE"], "a") as f:
+        f.write(f"{ctx.phase} {ctx.rank}\\n")
+    time.sleep(300)
 
 
 def hello(ctx):

@@ -277,3 +277,51 @@ def test_interrupt_kill_kills_the_first_launch_after_the_step_after_the_split(tm
     assert first.steps == [5, 6]  # steps 1-4 recorded, then SIGKILLed
     (killed,) = [r for r in outcome.launches if r.spec.name == "interrupted-split3"]
     assert killed.killed_on_purpose == 4
+
+
+def test_each_accelerator_launch_leases_its_own_devices(tmp_path, monkeypatch):
+    """Launches that run side by side (or in other xdist workers) get disjoint devices through
+    their visible-devices variable; a launch waits while none are free."""
+    from types import SimpleNamespace
+
+    from pytest_resume_equiv import fixtures
+    from pytest_resume_equiv.devices import Device
+
+    started = []
+
+    class FakeRunning:
+        def __init__(self, spec, gated):
+            self.spec, self.running = spec, not gated
+            started.append(spec.env["CUDA_VISIBLE_DEVICES"])
+
+        def poll(self):
+            return None
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(fixtures, "RunningLaunch", FakeRunning)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = parse_marker((), {"steps": 6, "split": [2, 3, 4], "nproc": 1})
+    prepared = SimpleNamespace(
+        spec=spec,
+        device=Device("cuda", "nccl", 2),
+        timeout=SimpleNamespace(value=30.0),
+        rng_mutation=False,
+        strict_shutdown=False,
+    )
+    root = fixtures.RunRoot(str(tmp_path), "failed")
+    fixture = fixtures.ResumeEquiv(prepared, root, lambda text: None)
+    fixture.lease_dir = str(tmp_path / "leases")
+    assert fixture._parallel() == (2, 0)  # two launches fit on two devices, none spare
+    plan = build_plan(PlanInputs(spec, str(tmp_path), "cuda", "nccl", 30.0, {}, seed=1), train)
+    start = fixture._starter("test")
+    first = start(plan.resumed[0], False)
+    second = start(plan.resumed[1], False)
+    assert start(plan.resumed[2], False) is None  # both devices taken: ask again later
+    assert sorted(started) == ["0", "1"]
+    first.kill()  # its devices go back
+    third = start(plan.resumed[2], False)
+    assert third is not None and started[-1] == started[0]
+    second.kill()
+    third.kill()

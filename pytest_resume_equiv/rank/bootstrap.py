@@ -15,6 +15,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -56,24 +57,36 @@ def _redirect_output(run_dir: str, rank: int) -> Any:
     return sys.stderr
 
 
-def _wait_for_gate(run_dir: str) -> None:
+def _raw_context() -> dict[str, Any]:
+    return json.loads(os.environ.get(CONTEXT_ENV, "{}"))
+
+
+def _wait_for_gate() -> None:
     """A prestarted rank waits here, torch imported, until the launch it depends on (the one
-    that writes its checkpoint) has exited; if the plugin is gone meanwhile, it leaves."""
-    raw = json.loads(os.environ.get(CONTEXT_ENV, "{}"))
-    gate, owner = raw.get("gate"), raw.get("owner_pid")
-    if not gate:
-        return
-    checked = time.monotonic()
-    while not os.path.exists(gate):
+    that writes its checkpoint) has exited."""
+    gate = _raw_context().get("gate")
+    while gate and not os.path.exists(gate):
         time.sleep(0.005)
-        if owner and time.monotonic() - checked > 0.5:
-            checked = time.monotonic()
+
+
+def _leave_with_owner() -> None:
+    """If the pytest process that started this launch is gone (SIGKILLed, say), nobody will
+    read this rank's results or kill it: leave, so torchrun's agent ends the others too."""
+    owner = _raw_context().get("owner_pid")
+    if not owner:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
             try:
                 os.kill(int(owner), 0)
             except ProcessLookupError:
                 os._exit(3)
             except PermissionError:
                 pass
+
+    threading.Thread(target=watch, name="resume-equiv-owner", daemon=True).start()
 
 
 def _write_status(run_dir: str, rank: int, status: dict[str, Any]) -> None:
@@ -130,7 +143,8 @@ def main(argv: list[str]) -> None:
         pass
     rng.seed_host_streams(ctx.seed + rank)
     _record.open_signature()
-    _wait_for_gate(ctx.run_dir)
+    _leave_with_owner()
+    _wait_for_gate()
 
     code = 0
     try:
