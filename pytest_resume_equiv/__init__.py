@@ -24,7 +24,7 @@ from .rank.record import record
 from .rank.rng import track as _track
 from .rank.watch import watch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["RunContext", "context", "record", "resume_equivalent", "track", "watch", "__version__"]
 
 

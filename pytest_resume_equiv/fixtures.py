@@ -32,6 +32,7 @@ from .orchestrate import (
     target_from_argv,
     target_from_callable,
 )
+from .plot import plot_split
 from .report import (
     format_launch_failure,
     format_outcome,
@@ -41,7 +42,7 @@ from .report import (
 )
 from .settings import MarkerSpec, Resolved
 from .share import SharedBaseline
-from .signature import Signature, read_run
+from .signature import Signature, SignatureError, read_run
 
 Command = Union[Sequence[str], Callable[..., Any]]
 ROLES = {
@@ -142,6 +143,10 @@ class ResumeEquiv:
         self.owner = owner
         self.running = False
         """True while launches run: an interrupted test keeps its run directories."""
+        self.progress: Optional[Callable[[str], None]] = None
+        """Receives a line per launch event (pytest -v)."""
+        self.wall = 0.0
+        """Seconds spent in run() calls."""
         self.lease_dir: Optional[str] = None
         """Where device lease locks live (None: shared by every pytest on this machine)."""
         self.shared: list[str] = []
@@ -253,7 +258,11 @@ class ResumeEquiv:
             plan, problem = None, f"resume_equiv.run(): {exc}"
         if plan is None:
             _fail(problem)  # outside the except block: no chained exception in the report
-        outcome, problem = self._execute(plan)
+        began = time.monotonic()
+        try:
+            outcome, problem = self._execute(plan)
+        finally:
+            self.wall += time.monotonic() - began
         if outcome is None:
             _fail(problem)
         return outcome
@@ -275,6 +284,7 @@ class ResumeEquiv:
                     on_launch=partial.launches.append,
                     parallel=parallel,
                     prefetch=prefetch,
+                    on_progress=self.progress,
                 )
         except LaunchFailed as exc:
             self.running = False
@@ -297,13 +307,36 @@ class ResumeEquiv:
         self.records[-1].update(outcome_json(outcome))
         self._report_section(format_plan_summary(outcome))
         if not outcome.equal:
-            return None, format_outcome(outcome, self.root.kept_text())
+            text = format_outcome(outcome, self.root.kept_text())
+            plots = self._plots(outcome)
+            self.records[-1]["plots"] = plots
+            return None, text + "".join(f"\nplot: {path}" for path in plots)
         deaths = format_shutdown_deaths(outcome.launches)
         if deaths and self.strict_shutdown:
             return None, f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)"
         if deaths:
             warnings.warn(ResumeEquivWarning(deaths), stacklevel=3)
         return outcome, ""
+
+    def _plots(self, outcome: ResumeOutcome) -> list[str]:
+        """A PNG per diverged split (matplotlib installed, run directories kept)."""
+        if self.root.keep == "none":
+            return []
+        paths = []
+        for verdict in outcome.verdicts:
+            if verdict.comparison.equal:
+                continue
+            div = verdict.comparison.divergence
+            rank = div.rank if div is not None else 0
+            try:
+                base = read_run(verdict.baseline.spec.run_dir, verdict.baseline.spec.world_size)
+                res = read_run(verdict.launch.spec.run_dir, verdict.launch.spec.world_size)
+            except SignatureError:
+                continue
+            path = os.path.join(self.root.path, f"plot-split{verdict.split}.png")
+            if plot_split(base, res, verdict.split, rank, path):
+                paths.append(path)
+        return paths
 
 
 class Torchrun:

@@ -314,6 +314,15 @@ def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[R
             )
         else:
             outcomes.append(RankOutcome(rank, "error", str(status.get("exception", "raised")), 1))
+    failed = [
+        o.rank
+        for o in outcomes
+        if o.status in ("error", "exit")
+        or (o.status == "none" and o.exitcode is not None and o.exitcode != -signal.SIGTERM)
+    ]
+    for outcome in outcomes:
+        if failed and outcome.status == "none" and outcome.exitcode == -signal.SIGTERM:
+            outcome.detail = f"stopped by torchrun (SIGTERM) after rank {failed[0]} failed"
     return outcomes
 
 

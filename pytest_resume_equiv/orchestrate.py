@@ -481,7 +481,9 @@ class _Job:
     handle: Optional[Handle] = None
     done: bool = False
     watcher: Optional[StepWatcher] = None
-    """interrupt="kill": follows the launch's signatures to kill it at the right step."""
+    """Follows the launch's signatures (interrupt="kill", progress lines)."""
+    began: float = 0.0
+    """When its gate opened."""
 
 
 def rng_advances_after(signatures: dict[int, Signature], split: int) -> bool:
@@ -510,6 +512,8 @@ def execute(
     parallel: int = 1,
     prefetch: int = 1,
     poll_interval: float = 0.02,
+    on_progress: Optional[Callable[[str], None]] = None,
+    progress_every: float = 5.0,
 ) -> ResumeOutcome:
     """Run the plan; raises LaunchFailed / ResumeEquivError on anything but a comparison.
 
@@ -613,6 +617,22 @@ def execute(
             job.handle.kill()
         job.done = True
 
+    def progress(job: _Job, event: str) -> None:
+        if on_progress is None:
+            return
+        spec = job.planned.spec
+        if job.watcher is None:
+            job.watcher = StepWatcher(spec.run_dir, spec.world_size)
+        job.watcher.refresh()
+        recorded = job.watcher.lowest
+        elapsed = time.monotonic() - job.began if job.began else 0.0
+        on_progress(
+            f"{spec.name} ({job.role}, {spec.world_size} ranks): {event}, "
+            f"step {recorded}/{spec.context['steps']} recorded on every rank, {elapsed:.1f}s"
+        )
+
+    last_report = time.monotonic()
+
     try:
         while not all(job.done for job in jobs):
             active = [j for j in jobs if j.handle is not None and not j.done]
@@ -634,7 +654,14 @@ def execute(
             for job in active:
                 if not job.handle.running and ready(job) and running < parallel:
                     job.handle.open_gate()
+                    job.began = time.monotonic()
                     running += 1
+                    progress(job, "running")
+            if on_progress is not None and time.monotonic() - last_report > progress_every:
+                last_report = time.monotonic()
+                for job in active:
+                    if job.handle.running and not job.done:
+                        progress(job, "running")
             progressed = False
             for job in active:
                 if job.done or not job.handle.running:
@@ -652,6 +679,7 @@ def execute(
                         if result is not None:
                             result.killed_on_purpose = kill_after
                 if result is not None:
+                    progress(job, "ok" if result.ok else "ended")
                     finish(job, result)
                     progressed = True
             if not progressed:

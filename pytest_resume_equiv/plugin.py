@@ -18,6 +18,7 @@ import pytest
 
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
+from .report import format_summary_table, test_entry
 from .settings import (
     OPTIONS,
     MarkerSpec,
@@ -98,10 +99,12 @@ def _shared_root(request: pytest.FixtureRequest, factory: pytest.TempPathFactory
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """pytest-xdist controller: learn where the workers shared their baselines."""
-    path = getattr(node, "workeroutput", {}).get("resume_equiv_shared")
-    if path:
-        node.config.stash[SHARED_KEY] = path
+    """pytest-xdist controller: collect the workers' report entries and learn where they
+    shared their baselines."""
+    output = getattr(node, "workeroutput", {})
+    if output.get("resume_equiv_shared"):
+        node.config.stash[SHARED_KEY] = output["resume_equiv_shared"]
+    node.config.stash[REPORT_KEY].extend(output.get("resume_equiv_tests", []))
 
 
 class _InterruptReporter:
@@ -139,17 +142,40 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _write_report(session: pytest.Session) -> None:
-    path = _settings(session.config)["report"]
+    config = session.config
+    entries = config.stash[REPORT_KEY]
+    if hasattr(config, "workeroutput"):  # pytest-xdist worker: the controller writes it all
+        config.workeroutput["resume_equiv_tests"] = entries
+        return
+    path = _settings(config)["report"] if not _settings(config).error else None
     if not path:
         return
-    worker = getattr(session.config, "workerinput", {}).get("workerid")
-    if worker:  # pytest-xdist: one file per worker, beside the requested path
-        path = f"{path}.{worker}"
-    entries = session.config.stash[REPORT_KEY]
+    entries.sort(key=lambda e: e["test"])
     with open(path, "w", encoding="utf-8") as f:
         json.dump(
             {"format": "pytest-resume-equiv/report", "version": 1, "tests": entries}, f, indent=2
         )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    entries = terminalreporter.config.stash.get(REPORT_KEY, [])
+    if entries:
+        terminalreporter.write_sep("=", "resume equivalence")
+        for line in format_summary_table(sorted(entries, key=lambda e: e["test"])):
+            terminalreporter.write_line(line)
+
+
+def _progress_writer(config: pytest.Config) -> Any:
+    """With -v (and not inside a pytest-xdist worker), a line per launch event."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or config.option.verbose < 1 or hasattr(config, "workerinput"):
+        return None
+
+    def write(text: str) -> None:
+        reporter.ensure_newline()
+        reporter.write_line(f"    resume-equiv: {text}")
+
+    return write
 
 
 def _settings(config: pytest.Config) -> SessionSettings:
@@ -250,6 +276,7 @@ def resume_equiv(
     fixture = ResumeEquiv(
         prepared, root, section, _shared_root(request, tmp_path_factory), owner=node.nodeid
     )
+    fixture.progress = _progress_writer(request.config)
     active = request.config.stash.setdefault(ACTIVE_KEY, {})
     active[node.nodeid] = fixture
     yield fixture
@@ -259,17 +286,10 @@ def resume_equiv(
     if failed:
         for path in fixture.shared:
             mark_kept(path)
-    request.config.stash[REPORT_KEY].append(
-        {
-            "test": node.nodeid,
-            "outcome": "failed" if failed else "passed",
-            "steps": prepared.spec.steps,
-            "splits": list(prepared.spec.splits),
-            "ranks": prepared.spec.world_size,
-            "device": prepared.device.kind,
-            "runs": fixture.records,
-        }
-    )
+    entry = test_entry(node.nodeid, failed, prepared.spec, prepared.device.kind, fixture)
+    request.config.stash[REPORT_KEY].append(entry)
+    for name in ("verdict", "launches", "wall_seconds", "first_divergence"):
+        node.user_properties.append((f"resume_equiv_{name}", entry[name]))  # JUnit XML
     root.finish(failed)
 
 

@@ -96,16 +96,21 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
     else:
         head = f"the {role} launch ({spec.name}) failed"
     lines = [head + f" ({spec.world_size} ranks, {result.duration:.1f}s):"]
-    bad = [r for r in result.ranks if not r.ok]
+    # The ranks that failed on their own first, then those torchrun stopped because of them.
+    bad = sorted(
+        (r for r in result.ranks if not r.ok),
+        key=lambda r: r.detail.startswith("stopped by torchrun"),
+    )
     for outcome in bad:
         lines.append(f"  rank {outcome.rank}: {outcome.detail or outcome.status}")
     for outcome in bad[:2]:
-        tail = result.tail(result.rank_log(outcome.rank)).rstrip()
-        if tail:
-            lines.append(
-                f"  --- last lines of rank {outcome.rank} stderr ({result.rank_log(outcome.rank)}) ---"
-            )
-            lines += ["  " + line for line in tail.splitlines()]
+        for stream in ("stderr", "stdout"):
+            path = result.rank_log(outcome.rank, stream)
+            tail = result.tail(path).rstrip()
+            if tail:
+                lines.append(f"  --- last lines of rank {outcome.rank} {stream} ({path}) ---")
+                lines += ["  " + line for line in tail.splitlines()]
+                break
     others = [r for r in result.ranks if r not in bad[:2]]
     if bad and others:
         lines.append("  --- the other ranks' last lines ---")
@@ -258,3 +263,65 @@ def outcome_json(outcome: ResumeOutcome) -> dict:
             }
         )
     return {"launches": launches, "verdicts": verdicts}
+
+
+def test_entry(nodeid: str, failed: bool, spec: Any, device: str, fixture: Any) -> dict:
+    """One test's record in the JSON report and the summary table."""
+    runs = fixture.records
+    launches = [launch for run in runs for launch in run.get("launches", [])]
+    first = ""
+    for run in runs:
+        for verdict in run.get("verdicts", []):
+            div = verdict.get("first_divergence")
+            if div and not first:
+                first = f"split {verdict['split']}: step {div['step']}, rank {div['rank']}, {div['key']!r}"
+            elif verdict.get("problems") and not first:
+                first = f"split {verdict['split']}: {verdict['problems'][0]}"
+        if run.get("error") and not first:
+            first = run["error"]
+    if fixture.running:
+        verdict = "interrupted"
+    elif not runs:
+        verdict = "not run"
+    else:
+        verdict = "failed" if failed else "passed"
+    return {
+        "test": nodeid,
+        "outcome": "failed" if failed else "passed",
+        "verdict": verdict,
+        "steps": spec.steps,
+        "splits": list(spec.splits),
+        "ranks": spec.world_size,
+        "device": device,
+        "launches": len(launches),
+        "reused_launches": sum(1 for launch in launches if launch.get("reused_from")),
+        "wall_seconds": round(fixture.wall, 3),
+        "first_divergence": first,
+        "runs": runs,
+    }
+
+
+def format_summary_table(entries: list[dict]) -> list[str]:
+    """The end-of-session table: one row per resume test."""
+    rows = [["test", "ranks", "splits", "launches", "wall", "verdict", "first divergence"]]
+    for e in entries:
+        launches = str(e["launches"]) + (
+            f" ({e['reused_launches']} reused)" if e.get("reused_launches") else ""
+        )
+        rows.append(
+            [
+                e["test"],
+                str(e["ranks"]),
+                ",".join(map(str, e["splits"])),
+                launches,
+                f"{e['wall_seconds']:.1f}s",
+                e["verdict"],
+                _clip(e["first_divergence"], 70),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

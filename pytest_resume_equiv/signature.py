@@ -131,16 +131,14 @@ class StepWatcher:
         self.partial = [b""] * world_size
         self.last: list[Optional[int]] = [None] * world_size
 
-    def recorded_through(self, step: int) -> bool:
+    def refresh(self) -> None:
         for rank, path in enumerate(self.paths):
-            if self.last[rank] is not None and self.last[rank] >= step:
-                continue
             try:
                 with open(path, "rb") as f:
                     f.seek(self.offsets[rank])
                     data = f.read()
             except OSError:
-                return False
+                continue
             self.offsets[rank] += len(data)
             *lines, self.partial[rank] = (self.partial[rank] + data).split(b"\n")
             for line in lines:
@@ -148,8 +146,16 @@ class StepWatcher:
                     obj = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(obj, dict) and isinstance(obj.get("step"), int):
-                    self.last[rank] = max(obj["step"], self.last[rank] or obj["step"])
-            if self.last[rank] is None or self.last[rank] < step:
-                return False
-        return True
+                step = obj.get("step") if isinstance(obj, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool):
+                    last = self.last[rank]
+                    self.last[rank] = step if last is None else max(last, step)
+
+    def recorded_through(self, step: int) -> bool:
+        self.refresh()
+        return all(last is not None and last >= step for last in self.last)
+
+    @property
+    def lowest(self) -> int:
+        """The last step every rank has recorded (0 before the first)."""
+        return min((last or 0) for last in self.last) if self.last else 0

@@ -90,9 +90,12 @@ def train_rank1_raises(ctx):
 
 
 def rank1_killed(ctx):
+    ctx.init_process_group()
     print(f"rank {ctx.rank} says hello", flush=True)
+    dist.barrier()  # every rank has spoken
     if ctx.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # the others wait until torchrun stops them
 
 
 def _steps_after_resume(ctx):

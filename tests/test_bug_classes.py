@@ -182,6 +182,7 @@ def _marker(args: str) -> str:
     given = dict(part.strip().split("=", 1) for part in re.split(r",\s*(?=\w+=)", args))
     given.setdefault("steps", "6")
     given.setdefault("split", "3")
+    given.setdefault("rng_mutation", "False")  # a test of its own covers the teeth check
     return ", ".join(f"{k}={v}" for k, v in given.items())
 
 

@@ -9,26 +9,25 @@ from helpers import CPU
 from pytest_resume_equiv.devices import DeviceUnavailable, select_device
 
 
-def test_correct_trainer_passes_with_one_and_two_ranks(trainers):
+def test_correct_trainer_passes(trainers):
+    """Two ranks, with the teeth check; the zoo's controls pass with 1 and 2 ranks too."""
     trainers.makepyfile(
         test_ok="""
         from pytest_resume_equiv import resume_equivalent
         from trainers import train
 
-        @resume_equivalent(steps=6, split=3, nproc=1)
-        def test_one_rank(resume_equiv):
-            resume_equiv.run(train)
-
         @resume_equivalent(steps=6, split=3, nproc=2)
         def test_two_ranks(resume_equiv):
             outcome = resume_equiv.run(train)
             assert [v.comparison.compared_steps for v in outcome.verdicts] == [3]
+            assert outcome.toothless is None and not outcome.teeth_skipped
         """
     )
     result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=1)
     # passing tests remove their run directories (--resume-equiv-keep=failed)
     assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
+    assert not list(trainers.path.glob("runpytest-0/resume-equiv-baselines/*"))
 
 
 def test_cpu_rng_not_restored_fails_at_step_4(trainers):
@@ -42,8 +41,27 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
             resume_equiv.run(train_forgets_cpu_rng)
         """
     )
-    result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-report=report.json")
+    result = trainers.runpytest_subprocess(
+        *CPU, "--resume-equiv-report=report.json", "-v", "--junitxml=junit.xml"
+    )
     result.assert_outcomes(failed=1)
+    # -v: a line per launch event; the end of the session: the summary table
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: baseline (baseline, 2 ranks): running, step 0/6 recorded on every rank*",
+            "*resume-equiv: baseline (baseline, 2 ranks): ok, step 6/6 recorded on every rank*",
+            "*resume-equiv: resumed-split3 (resumed, 2 ranks): ok, step 6/6 recorded*",
+            "*= resume equivalence =*",
+            "test * ranks * splits * launches * wall * verdict * first divergence",
+            "test_rng.py::test_rng * 2 * 3 * 3 * failed * split 3: step 4, rank 0, 'loss'",
+        ]
+    )
+    (plot_line,) = [line for line in result.stdout.lines if line.startswith("plot: ")]
+    with open(plot_line[len("plot: ") :], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"  # uninterrupted vs resumed, split marked
+    junit = (trainers.path / "junit.xml").read_text()
+    assert '<property name="resume_equiv_verdict" value="failed"' in junit
+    assert '<property name="resume_equiv_launches" value="3"' in junit
     result.stdout.fnmatch_lines(
         [
             "*resumed training is not equivalent to the uninterrupted run*",
@@ -78,28 +96,6 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     (verdict,) = run["verdicts"]
     first = verdict["first_divergence"]
     assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
-
-
-def test_restart_from_step_0_is_reported_as_re_executed_steps(trainers):
-    trainers.makepyfile(
-        test_restart="""
-        from pytest_resume_equiv import resume_equivalent
-        from trainers import train_restarts_from_zero
-
-        @resume_equivalent(steps=6, split=3, nproc=2)
-        def test_restart(resume_equiv):
-            resume_equiv.run(train_restarts_from_zero)
-        """
-    )
-    result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*the resumed run did not record the steps it should have:*",
-            "*rank 0: the resumed run re-executed steps 1-3, which the checkpoint saved at step 3 had already done*",
-            "*rank 1: the resumed run re-executed steps 1-3*",
-        ]
-    )
 
 
 def test_split_list_runs_one_baseline_and_two_resumed_launches(trainers):
@@ -236,7 +232,8 @@ def test_crashing_rank_shows_its_traceback(trainers):
     result.stdout.fnmatch_lines(
         [
             "*the uninterrupted launch (baseline) failed (2 ranks, *",
-            "*rank 1: ValueError: boom on rank 1*",
+            "*rank 1: ValueError: boom on rank 1*",  # the rank that failed comes first
+            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
             "*--- last lines of rank 1 stderr (*/logs/rank-1.stderr) ---*",
             "*Traceback (most recent call last):*",
             "*ValueError: boom on rank 1*",
@@ -277,13 +274,24 @@ def test_rank_killed_by_a_signal_is_a_failure(trainers):
         from trainers import rank1_killed
 
         def test_killed(torchrun):
-            torchrun(rank1_killed, nproc=2)
+            torchrun(rank1_killed, nproc=3)
         """
     )
     result = trainers.runpytest_subprocess(*CPU)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*the torchrun launch (launch-1) failed*", "*rank 1: killed by SIGKILL*"]
+        [
+            "*the torchrun launch (launch-1) failed*",
+            "*rank 1: killed by SIGKILL*",
+            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*rank 2: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*--- last lines of rank 1 stdout (*/logs/rank-1.stdout) ---*",
+            "*rank 1 says hello*",
+            "*--- last lines of rank 0 stdout (*/logs/rank-0.stdout) ---*",
+            "*rank 0 says hello*",
+            "*--- the other ranks' last lines ---*",
+            "*rank 2 (none): rank 2 says hello*",
+        ]
     )
 
 

@@ -1,7 +1,9 @@
 """Baselines shared across the tests of a session, and across pytest-xdist workers."""
 
+import json
+
 import pytest
-from helpers import CPU
+from helpers import CPU, processes_mentioning
 
 COUNTING = """
 import os
@@ -61,7 +63,11 @@ def test_tests_with_the_same_baseline_launch_share_it(counting):
     assert not list(pytester.path.glob("runpytest-0/resume-equiv-baselines/*"))
 
 
-def test_xdist_workers_run_a_shared_baseline_once(counting):
+def test_eight_resume_tests_on_two_xdist_workers(counting):
+    """pytest -n 2 with 8 resume tests at once: the four with the same launch run it once
+    (one worker runs it, the other waits and reuses it), the four others get their own; no
+    run directory is shared by accident, no port collides, nothing is left running, and the
+    JSON report is one file."""
     pytest.importorskip("xdist")
     pytester, counter = counting
     pytester.makepyfile(
@@ -70,15 +76,29 @@ def test_xdist_workers_run_a_shared_baseline_once(counting):
         from pytest_resume_equiv import resume_equivalent
         from counting import train_counting
 
-        @pytest.mark.parametrize("n", range(4))
-        @resume_equivalent(steps=5, split=3, nproc=1, rng_mutation=False)
-        def test_same(resume_equiv, n):
-            resume_equiv.run(train_counting)
+        @pytest.mark.parametrize("n", range(8))
+        @resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False)
+        def test_many(resume_equiv, n):
+            outcome = resume_equiv.run(train_counting, seed=0 if n < 4 else n)
+            for launch in outcome.launches:
+                print("RUN_DIR", launch.spec.name, launch.spec.run_dir)
         """
     )
-    result = pytester.runpytest_subprocess(*CPU, "-n", "2")
-    result.assert_outcomes(passed=4)
-    assert counter.read_text().split() == ["5"]
+    result = pytester.runpytest_subprocess(*CPU, "-n", "2", "-rP", "--resume-equiv-report=r.json")
+    result.assert_outcomes(passed=8)
+    assert counter.read_text().split() == ["3"] * 5  # 1 shared + 4 own uninterrupted launches
+    dirs = [line.split()[1:] for line in result.stdout.lines if line.startswith("RUN_DIR ")]
+    resumed = {path for name, path in dirs if name.startswith("resumed")}
+    baselines = {path for name, path in dirs if name == "baseline"}
+    assert len(dirs) == 16 and len(resumed) == 8 and len(baselines) == 5
+    assert processes_mentioning(str(pytester.path)) == []
+    # one JSON report for the whole session, the workers' tests merged by the controller
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert [t["test"] for t in report["tests"]] == [
+        f"test_share.py::test_many[{n}]" for n in range(8)
+    ]
+    assert sum(t["reused_launches"] for t in report["tests"]) == 3
+    assert not list(pytester.path.glob("r.json.*"))
     assert not list(pytester.path.glob("runpytest-0/resume-equiv-baselines/*"))
 
 

@@ -1,0 +1,120 @@
+"""Offline: compare or show kept run directories, with the same report text as a test.
+
+    python -m pytest_resume_equiv compare UNINTERRUPTED_RUN RESUMED_RUN [--split N] [--steps N]
+    python -m pytest_resume_equiv show RUN [--all] [--steps A-B]
+
+Exit status: 0 equal (compare) or shown (show), 1 diverged, 2 bad input (not a run directory,
+unreadable or unknown signature files, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from .compare import compare_runs
+from .diagnose import diagnose
+from .report import format_comparison, format_diagnosis, readable
+from .signature import Signature, SignatureError, read_run
+
+EQUAL, DIVERGED, BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 already; keep the usage line
+        self.print_usage(sys.stderr)
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m pytest_resume_equiv", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    compare = sub.add_parser("compare", help="compare a resumed run with an uninterrupted one")
+    compare.add_argument("uninterrupted", help="run directory of the uninterrupted launch")
+    compare.add_argument("resumed", help="run directory of the resumed launch")
+    compare.add_argument(
+        "--split", type=int, help="the step the resumed run started after (default: its header)"
+    )
+    compare.add_argument(
+        "--steps", type=int, help="the last step (default: the uninterrupted run's last step)"
+    )
+    show = sub.add_parser("show", help="print what every rank of a run recorded")
+    show.add_argument("run", help="a run directory (it holds signatures/rank-*.jsonl)")
+    show.add_argument("--all", action="store_true", help="also the automatic rng:/watch: keys")
+    show.add_argument("--steps", help="only these steps, e.g. 3-5")
+    return parser
+
+
+def _split_of(resumed: dict[int, Signature]) -> Optional[int]:
+    for sig in resumed.values():
+        split = sig.header.get("split")
+        if isinstance(split, int):
+            return split
+    for sig in resumed.values():
+        if sig.steps:
+            return min(step for step, _ in sig.steps) - 1
+    return None
+
+
+def compare(args: argparse.Namespace) -> int:
+    base = read_run(args.uninterrupted)
+    res = read_run(args.resumed)
+    split = args.split if args.split is not None else _split_of(res)
+    if split is None:
+        print(f"error: cannot tell the split of {args.resumed}; pass --split", file=sys.stderr)
+        return BAD_INPUT
+    steps = args.steps
+    if steps is None:
+        steps = max((step for sig in base.values() for step, _ in sig.steps), default=0)
+    comparison = compare_runs(base, res, split, steps)
+    print(format_comparison(comparison))
+    if comparison.divergence is not None:
+        base_steps = {rank: sig.by_step() for rank, sig in base.items()}
+        res_steps = {rank: sig.by_step() for rank, sig in res.items()}
+        for line in format_diagnosis(diagnose(comparison, base_steps, res_steps)):
+            print(line)
+    return EQUAL if comparison.equal else DIVERGED
+
+
+def _step_range(text: Optional[str]) -> tuple[int, int]:
+    if not text:
+        return (-(2**63), 2**63)
+    low, _, high = text.partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise SignatureError(f"--steps {text!r}: expected N or A-B, e.g. 3-5") from None
+
+
+def show(args: argparse.Namespace) -> int:
+    run = read_run(args.run)
+    low, high = _step_range(args.steps)
+    for rank, sig in sorted(run.items()):
+        head = sig.header
+        ending = "complete" if sig.complete else "no footer (the rank did not finish recording)"
+        print(
+            f"rank {rank} of {head.get('world_size')}: phase {head.get('phase')}, "
+            f"split {head.get('split')}, {len(sig.steps)} steps recorded, {ending}; {sig.path}"
+        )
+        for step, values in sig.steps:
+            if not low <= step <= high:
+                continue
+            keys = [k for k in values if args.all or ":" not in k]
+            shown = ", ".join(f"{k}={readable(values[k])}" for k in keys)
+            print(f"  step {step}: {shown}")
+    return EQUAL
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return compare(args) if args.command == "compare" else show(args)
+    except SignatureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
