@@ -649,6 +649,7 @@ def execute(
                 if handle is None:
                     break
                 job.handle = handle
+                job.began = time.monotonic() if handle.running else 0.0
                 active.append(job)
             running = sum(1 for j in active if j.handle.running)
             for job in active:
