@@ -42,7 +42,7 @@ from .report import (
 )
 from .settings import MarkerSpec, Resolved
 from .share import SharedBaseline
-from .signature import Signature, SignatureError, read_run
+from .signature import Signature, read_run
 
 Command = Union[Sequence[str], Callable[..., Any]]
 ROLES = {
@@ -113,6 +113,18 @@ class LeasedLaunch:
             self._lease.release()
 
 
+def _shutdown_deaths(results: list[LaunchResult], strict: bool, stacklevel: int) -> str:
+    """Ranks that died in interpreter shutdown after their work: the failure text when
+    `strict`, else "" after a warning (the verdict stands) attributed `stacklevel` frames up
+    from the caller, i.e. to the test function."""
+    deaths = format_shutdown_deaths(results)
+    if deaths and strict:
+        return f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)"
+    if deaths:
+        warnings.warn(ResumeEquivWarning(deaths), stacklevel=stacklevel + 1)
+    return ""
+
+
 def _fail(message: str) -> None:
     __tracebackhide__ = True
     pytest.fail(message, pytrace=False)
@@ -163,7 +175,7 @@ class ResumeEquiv:
         fit = max(1, self.device.count // self.spec.nproc)
         return fit, 1 if self.device.count >= (fit + 1) * self.spec.nproc else 0
 
-    def _starter(self, owner: str) -> Starter:
+    def _starter(self) -> Starter:
         """Start launches with their own device lease, sharing baselines across tests."""
         waiting: dict[str, float] = {}
 
@@ -193,7 +205,7 @@ class ResumeEquiv:
         def start(planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
             if planned.shared:
                 return SharedBaseline(
-                    planned.spec.run_dir, lambda: start_one(planned, False), owner
+                    planned.spec.run_dir, lambda: start_one(planned, False), self.owner
                 )
             return start_one(planned, gated)
 
@@ -280,7 +292,7 @@ class ResumeEquiv:
                 outcome = execute(
                     plan,
                     self.spec,
-                    start=self._starter(self.owner),
+                    start=self._starter(),
                     on_launch=partial.launches.append,
                     parallel=parallel,
                     prefetch=prefetch,
@@ -311,12 +323,8 @@ class ResumeEquiv:
             plots = self._plots(outcome)
             self.records[-1]["plots"] = plots
             return None, text + "".join(f"\nplot: {path}" for path in plots)
-        deaths = format_shutdown_deaths(outcome.launches)
-        if deaths and self.strict_shutdown:
-            return None, f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)"
-        if deaths:
-            warnings.warn(ResumeEquivWarning(deaths), stacklevel=3)
-        return outcome, ""
+        failure = _shutdown_deaths(outcome.launches, self.strict_shutdown, stacklevel=3)
+        return (None, failure) if failure else (outcome, "")
 
     def _plots(self, outcome: ResumeOutcome) -> list[str]:
         """A PNG per diverged split (matplotlib installed, run directories kept)."""
@@ -328,12 +336,8 @@ class ResumeEquiv:
                 continue
             div = verdict.comparison.divergence
             rank = div.rank if div is not None else 0
-            try:
-                base = read_run(verdict.baseline.spec.run_dir, verdict.baseline.spec.world_size)
-                res = read_run(verdict.launch.spec.run_dir, verdict.launch.spec.world_size)
-            except SignatureError:
-                continue
             path = os.path.join(self.root.path, f"plot-split{verdict.split}.png")
+            base, res = verdict.baseline_signatures, verdict.signatures
             if plot_split(base, res, verdict.split, rank, path):
                 paths.append(path)
         return paths
@@ -403,11 +407,9 @@ class Torchrun:
                 lease.release()
         if check and not result.ok:
             _fail(format_launch_failure(result, "torchrun"))
-        deaths = format_shutdown_deaths([result])
-        if check and deaths and self.strict_shutdown:
-            _fail(f"{deaths} (--resume-equiv-strict-shutdown makes this a failure)")
-        if deaths:
-            warnings.warn(ResumeEquivWarning(deaths), stacklevel=2)
+        failure = _shutdown_deaths([result], self.strict_shutdown and check, stacklevel=2)
+        if failure:
+            _fail(failure)
         return result
 
     @staticmethod

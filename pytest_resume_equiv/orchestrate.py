@@ -359,6 +359,9 @@ class SplitVerdict:
     baseline: LaunchResult
     comparison: Comparison
     diagnosis: Optional[Diagnosis] = None
+    baseline_signatures: dict[int, Signature] = field(default_factory=dict)
+    signatures: dict[int, Signature] = field(default_factory=dict)
+    """Both runs' signatures as compared (for plots and reports, without reading them again)."""
 
 
 @dataclass
@@ -583,7 +586,9 @@ def execute(
         split = job.planned.splits[0]
         if job.role == "resumed":
             comparison = compare_runs(base_sigs, signatures, split, spec.steps, spec.tolerance)
-            verdict = SplitVerdict(split, result, base_result, comparison)
+            verdict = SplitVerdict(
+                split, result, base_result, comparison, None, base_sigs, signatures
+            )
             if comparison.divergence is not None:
                 verdict.diagnosis = diagnose(comparison, _steps(base_sigs), _steps(signatures))
             outcome.verdicts.append(verdict)
@@ -617,14 +622,17 @@ def execute(
             job.handle.kill()
         job.done = True
 
+    def watcher(job: _Job) -> StepWatcher:
+        if job.watcher is None:
+            job.watcher = StepWatcher(job.planned.spec.run_dir, job.planned.spec.world_size)
+        return job.watcher
+
     def progress(job: _Job, event: str) -> None:
         if on_progress is None:
             return
         spec = job.planned.spec
-        if job.watcher is None:
-            job.watcher = StepWatcher(spec.run_dir, spec.world_size)
-        job.watcher.refresh()
-        recorded = job.watcher.lowest
+        watcher(job).refresh()
+        recorded = watcher(job).lowest
         elapsed = time.monotonic() - job.began if job.began else 0.0
         on_progress(
             f"{spec.name} ({job.role}, {spec.world_size} ranks): {event}, "
@@ -670,11 +678,7 @@ def execute(
                 result = job.handle.poll()
                 kill_after = job.planned.kill_after
                 if result is None and kill_after is not None:
-                    if job.watcher is None:
-                        job.watcher = StepWatcher(
-                            job.planned.spec.run_dir, job.planned.spec.world_size
-                        )
-                    if job.watcher.recorded_through(kill_after):
+                    if watcher(job).recorded_through(kill_after):
                         job.handle.kill()  # SIGKILL: the interruption this launch is for
                         result = job.handle.poll()
                         if result is not None:

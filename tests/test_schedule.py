@@ -315,7 +315,7 @@ def test_each_accelerator_launch_leases_its_own_devices(tmp_path, monkeypatch):
     fixture.lease_dir = str(tmp_path / "leases")
     assert fixture._parallel() == (2, 0)  # two launches fit on two devices, none spare
     plan = build_plan(PlanInputs(spec, str(tmp_path), "cuda", "nccl", 30.0, {}, seed=1), train)
-    start = fixture._starter("test")
+    start = fixture._starter()
     first = start(plan.resumed[0], False)
     second = start(plan.resumed[1], False)
     assert start(plan.resumed[2], False) is None  # both devices taken: ask again later

@@ -11,18 +11,20 @@ import os
 from trainers import _loop
 
 
-def train_counting(ctx):
+def _count(ctx):
     # Every uninterrupted launch leaves one line: how many baselines really ran.
     if ctx.phase == "baseline" and ctx.rank == 0:
         with open(os.environ["BASELINE_COUNTER"], "a") as f:
             f.write(f"{ctx.steps}\\n")
+
+
+def train_counting(ctx):
+    _count(ctx)
     _loop(ctx)
 
 
 def train_counting_forgets_rng(ctx):
-    if ctx.phase == "baseline" and ctx.rank == 0:
-        with open(os.environ["BASELINE_COUNTER"], "a") as f:
-            f.write(f"{ctx.steps}\\n")
+    _count(ctx)
     _loop(ctx, restore_rng=ctx.phase == "baseline")
 """
 
