@@ -160,7 +160,8 @@ def _classify(
                 return Diagnosis(
                     f"{where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
                     f"{other}'s: one rank's RNG state was loaded into another (save each rank's "
-                    "own, in a file keyed by its global rank, not its local rank)",
+                    "own, keyed by its global rank, not its local rank; a checkpoint file that "
+                    "only rank 0 writes holds only rank 0's)",
                     "per-rank RNG collapsed",
                 )
             if name in stream_words:

@@ -37,39 +37,11 @@ def counting(trainers, monkeypatch, tmp_path):
     return trainers, counter
 
 
-def test_tests_with_the_same_baseline_launch_share_it(counting):
-    pytester, counter = counting
-    pytester.makepyfile(
-        test_share="""
-        from pytest_resume_equiv import resume_equivalent
-        from counting import train_counting
-
-        @resume_equivalent(steps=5, split=3, nproc=1, rng_mutation=False)
-        def test_a(resume_equiv):
-            resume_equiv.run(train_counting)
-
-        @resume_equivalent(steps=5, split=3, nproc=1, rng_mutation=False)
-        def test_b(resume_equiv):
-            resume_equiv.run(train_counting)
-
-        @resume_equivalent(steps=6, split=3, nproc=1, rng_mutation=False)
-        def test_other_steps(resume_equiv):
-            resume_equiv.run(train_counting)
-        """
-    )
-    result = pytester.runpytest_subprocess(*CPU, "-rP")
-    result.assert_outcomes(passed=3)
-    assert sorted(counter.read_text().split()) == ["5", "6"]  # test_b reused test_a's
-    assert "(reused: run for test_share.py::test_a)" in result.stdout.str()
-    # every test passed: --resume-equiv-keep=failed removes the shared baselines at the end
-    assert not list(pytester.path.glob("runpytest-0/resume-equiv-baselines/*"))
-
-
-def test_eight_resume_tests_on_two_xdist_workers(counting):
-    """pytest -n 2 with 8 resume tests at once: the four with the same launch run it once
-    (one worker runs it, the other waits and reuses it), the four others get their own; no
-    run directory is shared by accident, no port collides, nothing is left running, and the
-    JSON report is one file."""
+def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
+    """pytest -n 2 with 5 resume tests at once: the four with the same launch run it once
+    (one worker runs it, the other waits and reuses it), the one with other steps gets its
+    own; no run directory is shared by accident, no port collides, nothing is left running,
+    the JSON report is one file, and passing tests remove the shared baselines."""
     pytest.importorskip("xdist")
     pytester, counter = counting
     pytester.makepyfile(
@@ -78,26 +50,35 @@ def test_eight_resume_tests_on_two_xdist_workers(counting):
         from pytest_resume_equiv import resume_equivalent
         from counting import train_counting
 
-        @pytest.mark.parametrize("n", range(8))
-        @resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False)
-        def test_many(resume_equiv, n):
-            outcome = resume_equiv.run(train_counting, seed=0 if n < 4 else n)
+        def launch(resume_equiv):
+            outcome = resume_equiv.run(train_counting)
             for launch in outcome.launches:
                 print("RUN_DIR", launch.spec.name, launch.spec.run_dir)
+
+        @pytest.mark.parametrize("n", range(4))
+        @resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False)
+        def test_many(resume_equiv, n):
+            launch(resume_equiv)
+
+        @resume_equivalent(steps=4, split=1, nproc=1, rng_mutation=False)
+        def test_other_steps(resume_equiv):
+            launch(resume_equiv)
         """
     )
     result = pytester.runpytest_subprocess(*CPU, "-n", "2", "-rP", "--resume-equiv-report=r.json")
-    result.assert_outcomes(passed=8)
-    assert counter.read_text().split() == ["3"] * 5  # 1 shared + 4 own uninterrupted launches
+    result.assert_outcomes(passed=5)
+    assert sorted(counter.read_text().split()) == ["3", "4"]  # 2 uninterrupted launches ran
+    assert "(reused: run for test_share.py::test_many[" in result.stdout.str()
     dirs = [line.split()[1:] for line in result.stdout.lines if line.startswith("RUN_DIR ")]
     resumed = {path for name, path in dirs if name.startswith("resumed")}
     baselines = {path for name, path in dirs if name == "baseline"}
-    assert len(dirs) == 16 and len(resumed) == 8 and len(baselines) == 5
+    assert len(dirs) == 10 and len(resumed) == 5 and len(baselines) == 2
     assert processes_mentioning(str(pytester.path)) == []
     # one JSON report for the whole session, the workers' tests merged by the controller
     report = json.loads((pytester.path / "r.json").read_text())
     assert [t["test"] for t in report["tests"]] == [
-        f"test_share.py::test_many[{n}]" for n in range(8)
+        *(f"test_share.py::test_many[{n}]" for n in range(4)),
+        "test_share.py::test_other_steps",
     ]
     assert sum(t["reused_launches"] for t in report["tests"]) == 3
     assert not list(pytester.path.glob("r.json.*"))

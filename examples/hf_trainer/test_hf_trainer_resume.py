@@ -1,0 +1,37 @@
+"""Resume tests for a Hugging Face `Trainer` run: the Trainer checkpoints at `save_steps`
+into `<output_dir>/checkpoint-<step>`, and `resume_from_checkpoint` loads it."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_equiv import resume_equivalent
+
+pytest.importorskip("transformers", reason="needs the hf extra: pip install '.[hf]'")
+
+TRAIN = str(Path(__file__).with_name("train.py"))
+COMMAND = [TRAIN, "--max-steps={steps}", "--save-steps={split}", "--output-dir={run_dir}"]
+
+
+@resume_equivalent(steps=6, split=3, nproc=2)
+def test_hf_trainer_resumes_exactly(resume_equiv):
+    resume_equiv.run(
+        COMMAND,
+        checkpoint="{run_dir}/checkpoint-{split}",
+        resume_args=["--resume-from={checkpoint}"],
+    )
+
+
+@resume_equivalent(steps=6, split=3, nproc=2)
+def test_ignored_data_skip_is_caught(resume_equiv):
+    """`ignore_data_skip=True` trains the resumed run on the epoch's first batches again;
+    the demo catches the failure, prints the report (`pytest -rP`) and checks it."""
+    with pytest.raises(pytest.fail.Exception) as caught:
+        resume_equiv.run(
+            COMMAND,
+            checkpoint="{run_dir}/checkpoint-{split}",
+            resume_args=["--resume-from={checkpoint}", "--bug=ignore-data-skip"],
+        )
+    report = str(caught.value)
+    print(report)
+    assert "first divergence at step 4" in report
