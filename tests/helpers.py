@@ -26,30 +26,34 @@ def _loop(ctx, restore_rng=True, restart=False, save=True, state_rank=None, back
     rank = ctx.rank
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # SGD with momentum by hand: the first torch.optim optimizer of a process imports
+    # torch._dynamo (about 2 s of CPU per rank), and these trainers test the plugin, not torch
+    momentum = [torch.zeros_like(p) for p in model.parameters()]
     torch.manual_seed(100 + rank)
     start = 1
     own = rank if state_rank is None else state_rank
     if ctx.resuming:
         state = torch.load(os.path.join(ctx.checkpoint, f"rank-{own}.pt"), weights_only=True)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
+        for buf, saved in zip(momentum, state["momentum"]):
+            buf.copy_(saved)
         if restore_rng:
             torch.set_rng_state(state["rng"])
         start = 1 if restart else state["step"] + 1
     for step in range(start, ctx.steps + 1):
         loss = model(torch.randn(8, 4)).pow(2).mean()
-        opt.zero_grad()
         loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
-        opt.step()
+        with torch.no_grad():
+            for p, buf in zip(model.parameters(), momentum):
+                dist.all_reduce(p.grad)
+                buf.mul_(0.9).add_(p.grad / ctx.world_size)
+                p.sub_(0.1 * buf)
+                p.grad = None
         req.record(step, loss=loss.item(), weight=model[0].weight)
         if save and ctx.should_save(step):
             path = ctx.checkpoint_for(step)
             os.makedirs(path, exist_ok=True)
-            state = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
+            state = {"model": copy.deepcopy(model.state_dict()), "momentum": copy.deepcopy(momentum),
                      "rng": torch.get_rng_state(), "step": step}
             tmp = os.path.join(path, f".rank-{rank}.tmp")
             final = os.path.join(path, f"rank-{own}.pt")

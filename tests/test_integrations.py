@@ -2,8 +2,11 @@
 user runs it (a passing resume test and a caught bug, on CPU with gloo)."""
 
 import glob
+import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,7 +118,9 @@ def _signature_lines(root: Path) -> list:
 def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framework, caught):
     pytest.importorskip(framework)
     shutil.copytree(EXAMPLES / example, pytester.path / example)
-    result = pytester.runpytest_subprocess(*CPU, "-rP", "--resume-equiv-keep=all", example)
+    # no teeth check: the caught bug already shows the recorded values depend on the RNG
+    args = ("-rP", "--resume-equiv-keep=all", "--resume-equiv-rng-mutation=false")
+    result = pytester.runpytest_subprocess(*CPU, *args, example)
     result.assert_outcomes(passed=2)
     text = result.stdout.str()
     assert "split 3: equal on all 2 ranks over 3 steps" in text
@@ -126,3 +131,20 @@ def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framewor
     assert set(steps[0]["values"]) == {"loss", "lr", "grad_norm"}
     watched = {key.split(".")[0] for key in steps[0]["watch"]}
     assert watched == {"model", "optimizer", "scheduler"}
+
+
+def test_code_that_runs_in_ranks_never_imports_pytest():
+    """Ranks are plain training processes: the in-rank API, the bootstrap and the adapters
+    load without pytest (and the API without torch)."""
+    modules = ["pytest_resume_equiv.rank.bootstrap", "pytest_resume_equiv.integrations"]
+    for optional, adapter in (("transformers", "hf"), ("lightning", "lightning")):
+        if importlib.util.find_spec(optional) is not None:
+            modules.append(f"pytest_resume_equiv.integrations.{adapter}")
+    code = (
+        "import sys, pytest_resume_equiv\n"
+        "assert 'torch' not in sys.modules, 'the in-rank API imported torch'\n"
+        f"for name in {modules!r}: __import__(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pytest', '_pytest')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -103,7 +103,10 @@ def test_toy_dit_example_passes_and_its_resume_bugs_are_caught(pytester):
     a condition model's generator not restored, and per-rank extra state read from rank 0."""
     shutil.copytree(TOY_DIT, pytester.path / "toy_dit")
     (pytester.path / "toy_dit" / "test_toy_bugs.py").write_text(TOY_BUGS)
-    result = pytester.runpytest_subprocess(*CPU, "-rA", "toy_dit")
+    # no teeth check: the caught generator bug already shows the values depend on the RNG
+    result = pytester.runpytest_subprocess(
+        *CPU, "-rA", "--resume-equiv-rng-mutation=false", "toy_dit"
+    )
     result.assert_outcomes(passed=1, failed=2)
     text = result.stdout.str()
     assert "PASSED toy_dit/test_toy_dit_resume.py::test_toy_dit_resumes_exactly" in text

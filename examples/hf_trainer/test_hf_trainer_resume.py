@@ -1,13 +1,18 @@
 """Resume tests for a Hugging Face `Trainer` run: the Trainer checkpoints at `save_steps`
 into `<output_dir>/checkpoint-<step>`, and `resume_from_checkpoint` loads it."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from pytest_resume_equiv import resume_equivalent
 
-pytest.importorskip("transformers", reason="needs the hf extra: pip install '.[hf]'")
+# find_spec, not importorskip: the ranks import transformers, this process need not
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="needs the hf extra: pip install '.[hf]'",
+)
 
 TRAIN = str(Path(__file__).with_name("train.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-steps={split}", "--output-dir={run_dir}"]

@@ -1,13 +1,18 @@
 """Resume tests for a Lightning run: `ModelCheckpoint(every_n_train_steps=split)` writes
 `checkpoints/step_<split>.ckpt`, and `trainer.fit(ckpt_path=...)` resumes from it."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from pytest_resume_equiv import resume_equivalent
 
-pytest.importorskip("lightning", reason="needs the lightning extra: pip install '.[lightning]'")
+# find_spec, not importorskip: the ranks import lightning, this process need not
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None,
+    reason="needs the lightning extra: pip install '.[lightning]'",
+)
 
 TRAIN = str(Path(__file__).with_name("train.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-every={split}", "--output-dir={run_dir}"]
