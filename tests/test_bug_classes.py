@@ -172,7 +172,7 @@ CONTROLS = {
     "b": [
         ("control_two_ranks", "nproc=2", "train"),
         ("control_epoch_boundary", "nproc=1, split=4", "train"),
-        ("control_several_splits", "nproc=1, steps=7, split=[2, 3, 5]", "train"),
+        ("control_sampler_epoch", "nproc=1, steps=7, split=5", "train"),
         ("control_master_weights", "nproc=1", "train_master_weights"),
     ],
 }
