@@ -12,6 +12,48 @@ from pytest_resume_equiv.rank import record as record_module
 from pytest_resume_equiv.rank.layout import CONTEXT_ENV
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "long(seconds): runs torchrun launches for about this long on 2 cores; starts first",
+    )
+
+
+def _seconds(item) -> float:
+    marker = item.get_closest_marker("long")
+    return marker.args[0] if marker else 0
+
+
+def pytest_collection_modifyitems(items):
+    """Order the tests for `-n N --dist worksteal`, which first hands worker k the k-th of N
+    equal-count slices of this list, then lets idle workers steal from the ends of others'.
+
+    The long tests are dealt longest first to the slice with the least long work, each slice
+    starting with its long tests; short tests fill the slices to equal counts. So every
+    worker starts on long work at once and the run ends on short, stealable tests, instead
+    of a long test starting last on one worker while the other waits.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    sizes, left = [], len(items)
+    for k in range(workers):  # worksteal's first split: len(pending) // nodes_remaining
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    slices: list[list] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for item in sorted((i for i in items if _seconds(i)), key=_seconds, reverse=True):
+        k = min(range(workers), key=lambda j: (load[j], len(slices[j])))
+        slices[k].append(item)
+        load[k] += _seconds(item)
+    short = (i for i in items if not _seconds(i))
+    while any(len(slices[k]) < sizes[k] for k in range(workers)):
+        for k in range(workers):
+            if len(slices[k]) < sizes[k]:
+                slices[k].append(next(short))
+    items[:] = [item for part in slices for item in part]
+
+
 @pytest.fixture
 def in_rank(tmp_path, monkeypatch):
     """Make this process look like rank `rank` of a launch, so record() writes a signature."""

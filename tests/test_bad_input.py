@@ -6,6 +6,7 @@ trainer's mistakes happen in the resumed launch only (`--bad=...` is a resume ar
 every such test shares one uninterrupted launch and the whole session costs a few launches.
 """
 
+import pytest
 from helpers import CPU, section_of
 
 BAD_TRAINER = """
@@ -223,6 +224,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.long(70)
 def test_each_mistake_fails_its_own_test_with_a_clear_message(pytester):
     pytester.makepyfile(bad_trainer=BAD_TRAINER, test_mistakes=BAD_TESTS)
     result = pytester.runpytest_subprocess(*CPU, "-rfE", "--resume-equiv-report=report.json")

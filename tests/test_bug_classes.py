@@ -206,6 +206,7 @@ def _test_module(group: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.long(150)
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_bug_classes_are_caught_and_named(pytester, group):
     shutil.copy(ZOO, pytester.path / "bugzoo.py")

@@ -374,6 +374,7 @@ def test_run_dirs_are_private_and_removed_on_pass(trainers):
     assert not os.path.exists(root)
 
 
+@pytest.mark.long(30)
 def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
     trainers.makepyfile(
         test_teeth="""

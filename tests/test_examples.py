@@ -7,11 +7,13 @@ Lightning examples in tests/test_integrations.py, beside their adapters.)
 import shutil
 from pathlib import Path
 
+import pytest
 from helpers import CPU
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.long(45)
 def test_minimal_example(pytester):
     shutil.copytree(EXAMPLES / "minimal", pytester.path / "minimal")
     result = pytester.runpytest_subprocess(*CPU, "-rP", "minimal")

@@ -115,6 +115,7 @@ def _signature_lines(root: Path) -> list:
         ("lightning", "lightning", "rank 1's cpu RNG state equals rank 0's"),
     ],
 )
+@pytest.mark.long(55)
 def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framework, caught):
     pytest.importorskip(framework)
     shutil.copytree(EXAMPLES / example, pytester.path / example)

@@ -16,6 +16,7 @@ from pytest_resume_equiv.rank.layout import log_path
 from pytest_resume_equiv.stacks import faulthandler_frames, py_spy_dump, py_spy_frames, summary
 
 
+@pytest.mark.long(30)
 def test_hang_report_names_where_each_rank_was_stuck(trainers):
     trainers.makepyfile(
         test_hang="""
@@ -78,6 +79,7 @@ def test_py_spy_is_used_when_installed(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.long(30)
 def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failure(trainers):
     trainers.makepyfile(
         test_abort="""
@@ -162,6 +164,7 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers,
     assert processes_mentioning(str(trainers.path)) == []
 
 
+@pytest.mark.long(40)
 def test_interrupt_modes_stop_and_kill(trainers):
     trainers.makepyfile(
         test_modes="""
@@ -198,6 +201,7 @@ def test_interrupt_modes_stop_and_kill(trainers):
     )
 
 
+@pytest.mark.long(45)
 def test_two_nodes_with_global_ranks_and_the_local_rank_bug(trainers):
     trainers.makepyfile(
         test_nodes="""

@@ -37,6 +37,7 @@ def counting(trainers, monkeypatch, tmp_path):
     return trainers, counter
 
 
+@pytest.mark.long(45)
 def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
     """pytest -n 2 with 5 resume tests at once: the four with the same launch run it once
     (one worker runs it, the other waits and reuses it), the one with other steps gets its
@@ -85,6 +86,7 @@ def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
     assert not list(pytester.path.glob("runpytest-0/resume-equiv-baselines/*"))
 
 
+@pytest.mark.long(25)
 def test_a_failed_test_keeps_the_shared_baseline_it_used(counting):
     pytester, counter = counting
     pytester.makepyfile(

@@ -98,6 +98,7 @@ def test_rank0_extra_state(resume_equiv, toy_wan_model_dir):
 """
 
 
+@pytest.mark.long(75)
 def test_toy_dit_example_passes_and_its_resume_bugs_are_caught(pytester):
     """The FSDP2 + DCP example as a user runs it, beside two classic diffusion resume bugs:
     a condition model's generator not restored, and per-rank extra state read from rank 0."""
