@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from ..rank.watch import shard_norm
+
 
 def grad_norm(parameters: Iterable[Any]) -> Optional[float]:
     """The L2 norm of this rank's gradients (local shards under FSDP), None without any.
@@ -19,18 +21,8 @@ def grad_norm(parameters: Iterable[Any]) -> Optional[float]:
     Frameworks that do not hand the norm to callbacks get it from here, computed the same
     way in both runs, so it is a fair signature value even where it is not a global norm.
     """
-    import torch
-
-    total = 0.0
-    seen = False
-    for param in parameters:
-        grad = getattr(param, "grad", None)
-        if grad is None:
-            continue
-        local = grad.to_local() if callable(getattr(grad, "to_local", None)) else grad
-        total += float(torch.linalg.vector_norm(local.detach().float())) ** 2
-        seen = True
-    return math.sqrt(total) if seen else None
+    grads = [p.grad for p in parameters if getattr(p, "grad", None) is not None]
+    return math.sqrt(sum(shard_norm(g) ** 2 for g in grads)) if grads else None
 
 
 def unwrap(obj: Any, attribute: str) -> Any:

@@ -35,9 +35,9 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; this keeps ran
         return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _local(tensor: Any) -> Any:
-    # DTensor (FSDP2 / tensor parallel): fingerprint this rank's shard, which is what the
-    # rank owns and what its checkpoint restores.
+def local_shard(tensor: Any) -> Any:
+    """This rank's part of `tensor`, detached: for a DTensor (FSDP2, tensor parallel) its
+    local shard, which is what the rank owns and what its checkpoint restores."""
     to_local = getattr(tensor, "to_local", None)
     if callable(to_local):
         tensor = to_local()
@@ -104,7 +104,7 @@ def _hash_pieces(data: Any) -> str:
 
 
 def content_hash(tensor: Any) -> str:
-    flat = _local(tensor).reshape(-1)
+    flat = local_shard(tensor).reshape(-1)
     if flat.numel() == 0:
         return hash_bytes(b"")
     if flat.device.type not in ("cpu", "meta"):
@@ -124,7 +124,7 @@ def describe(tensor: Any) -> dict[str, Any]:
     """dtype, shape, fingerprint and a few readable statistics of a tensor."""
     import torch
 
-    local = _local(tensor)
+    local = local_shard(tensor)
     info: dict[str, Any] = {
         "dtype": str(local.dtype).replace("torch.", ""),
         "shape": list(local.shape),

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from .encode import encode, encode_float
-from .fingerprint import content_hash
+from .fingerprint import content_hash, local_shard
 
 _watched: dict[str, Any] = {}
 
@@ -32,15 +32,18 @@ def watch(**objects: Any) -> None:
             _watched[name] = obj
 
 
-def _norm(tensor: Any) -> Any:
+def shard_norm(tensor: Any) -> float:
+    """The L2 norm of this rank's shard of `tensor`, in float32 or better."""
     import torch
 
-    local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
-    local = local.detach()
+    local = local_shard(tensor)
     if local.dtype not in (torch.float32, torch.float64):
         local = local.to(torch.float32)
-    value = float(torch.linalg.vector_norm(local)) if local.numel() else 0.0
-    return encode_float(value)
+    return float(torch.linalg.vector_norm(local)) if local.numel() else 0.0
+
+
+def _norm(tensor: Any) -> Any:
+    return encode_float(shard_norm(tensor))
 
 
 _seen: dict[int, dict[str, Any]] = {}
