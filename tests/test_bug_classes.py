@@ -160,13 +160,10 @@ CASES = [
 ]
 
 
-MOVED_TO_B = {"13-loss-scaler", "14-ema", "16-buffers"}
-"""Default-config cases that run in group b, so the two sessions take about as long."""
-
 GROUPS = {
-    # one pytest session per group, balanced in wall time; each holds some passing controls
-    "a": [c for c in CASES if c[2] == "nproc=1" and c[3] == "train" and c[0] not in MOVED_TO_B],
-    "b": [c for c in CASES if not (c[2] == "nproc=1" and c[3] == "train") or c[0] in MOVED_TO_B],
+    # one pytest session per group, balanced in launches; each holds some passing controls
+    "a": [c for c in CASES if c[2] == "nproc=1" and c[3] == "train"],
+    "b": [c for c in CASES if not (c[2] == "nproc=1" and c[3] == "train")],
 }
 
 CONTROLS = {
