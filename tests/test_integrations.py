@@ -1,9 +1,7 @@
 """The HF Trainer and Lightning adapters: their callbacks' rules, then each example run as a
 user runs it (a passing resume test and a caught bug, on CPU with gloo)."""
 
-import glob
 import importlib.util
-import json
 import shutil
 import subprocess
 import sys
@@ -12,6 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 from helpers import CPU
+
+from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.signature import Signature, read_signature
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -100,12 +101,11 @@ def test_lightning_callback_records_optimizer_steps_only(monkeypatch):
     assert seen.records == [(1, {"loss": 0.75, "lr": 0.25, "grad_norm": 5.0})]
 
 
-def _signature_lines(root: Path) -> list:
-    """The steps of rank 0's signature in the shared uninterrupted launch under `root`."""
-    pattern = root / "runpytest-0" / "resume-equiv-baselines" / "*" / "signatures" / "rank-0.jsonl"
-    (path,) = [p for p in glob.glob(str(pattern)) if "-control" not in p]
-    lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
-    return [line for line in lines if "step" in line]
+def _baseline_signature(root: Path) -> Signature:
+    """Rank 0's signature of the shared uninterrupted launch under `root`."""
+    shared = root / "runpytest-0" / "resume-equiv-baselines"
+    (run_dir,) = [p for p in shared.iterdir() if p.is_dir() and not p.name.endswith("-control")]
+    return read_signature(signature_path(str(run_dir), 0))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,10 @@ def _signature_lines(root: Path) -> list:
 )
 @pytest.mark.long(55)
 def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framework, caught):
-    pytest.importorskip(framework)
+    if importlib.util.find_spec(framework) is None:
+        pytest.skip(f"needs {framework}")
+    # find_spec, not importorskip: pytester would drop the modules imported here at teardown,
+    # and a later import of transformers would load numpy's C extension a second time
     shutil.copytree(EXAMPLES / example, pytester.path / example)
     # no teeth check: the caught bug already shows the recorded values depend on the RNG
     args = ("-rP", "--resume-equiv-keep=all", "--resume-equiv-rng-mutation=false")
@@ -127,10 +130,12 @@ def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framewor
     assert "split 3: equal on all 2 ranks over 3 steps" in text
     assert "split 3: first divergence at step 4" in text
     assert caught in text
-    steps = _signature_lines(pytester.path)
-    assert [line["step"] for line in steps] == [1, 2, 3, 4, 5, 6]
-    assert set(steps[0]["values"]) == {"loss", "lr", "grad_norm"}
-    watched = {key.split(".")[0] for key in steps[0]["watch"]}
+    signature = _baseline_signature(pytester.path)
+    assert signature.complete
+    assert [step for step, _ in signature.steps] == [1, 2, 3, 4, 5, 6]
+    first = signature.steps[0][1]
+    assert {key for key in first if ":" not in key} == {"loss", "lr", "grad_norm"}
+    watched = {key[len("watch:") :].split(".")[0] for key in first if key.startswith("watch:")}
     assert watched == {"model", "optimizer", "scheduler"}
 
 
