@@ -11,7 +11,6 @@ parameter, every optimizer moment and every RNG stream). Target: at most 3% of t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -23,6 +22,7 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.rank import context as context_module
 from pytest_resume_equiv.rank import record as record_module
 from pytest_resume_equiv.rank import watch as watch_module
+from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.rank.layout import CONTEXT_ENV
 
 
@@ -74,9 +74,8 @@ def api(on: bool, run_dir: str) -> None:
     watch_module._watched.clear()
     context_module._looked, context_module._cached = False, None
     if on:
-        os.environ[CONTEXT_ENV] = json.dumps(
-            {"phase": "baseline", "run_dir": run_dir, "steps": 100, "split": 1, "splits": [1]}
-        )
+        launch = LaunchContext("uninterrupted", run_dir, steps=100, split=1, splits=(1,))
+        os.environ[CONTEXT_ENV] = launch.to_json()
     else:
         os.environ.pop(CONTEXT_ENV, None)
 

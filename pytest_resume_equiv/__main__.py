@@ -16,8 +16,9 @@ from typing import Optional
 
 from .compare import compare_runs
 from .diagnose import diagnose
-from .report import format_comparison, format_diagnosis, readable
+from .report import format_comparison, format_diagnosis
 from .signature import Signature, SignatureError, read_run
+from .values import readable
 
 EQUAL, DIVERGED, BAD_INPUT = 0, 1, 2
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .rank.encode import decode_float
 from .rank.layout import FLOAT_TAG, TENSOR_TAG
 from .signature import Signature
 
@@ -71,10 +71,10 @@ EARLY_STOP = (
 
 def steps_text(steps: Sequence[int]) -> str:
     """'step 4' or 'steps 1-3, 5'."""
-    return f"{'step' if len(set(steps)) == 1 else 'steps'} {span(steps)}"
+    return f"{'step' if len(set(steps)) == 1 else 'steps'} {step_ranges(steps)}"
 
 
-def span(steps: Sequence[int]) -> str:
+def step_ranges(steps: Sequence[int]) -> str:
     """Compact step list: 1-3, 5, 7-8."""
     items = sorted(set(steps))
     parts: list[str] = []
@@ -125,41 +125,49 @@ def _step_problems(
     if base_missing:
         problems.append(
             StepProblem(
-                "baseline-missing",
+                "uninterrupted-missing",
                 rank,
                 tuple(base_missing),
                 f"rank {rank}: the uninterrupted run never recorded {steps_text(base_missing)} "
                 f"(it must record every step 1-{steps})",
             )
         )
-    if got == expected:
-        return problems
+    if got != expected:
+        whole = _whole_run_problem(rank, got, expected, split)
+        problems += [whole] if whole else _resumed_step_problems(rank, got, split, steps)
+    return problems
+
+
+def _whole_run_problem(
+    rank: int, got: set[int], expected: set[int], split: int
+) -> Optional[StepProblem]:
+    """A resumed run that recorded nothing, or every step under another number."""
     if not got:
-        problems.append(
-            StepProblem(
-                "missing",
-                rank,
-                tuple(sorted(expected)),
-                f"rank {rank}: the resumed run recorded no steps (expected {span(expected)}): it "
-                f"stopped right after loading{EARLY_STOP}, or it never calls "
-                "pytest_resume_equiv.record(step, ...) once a run is resumed",
-            )
+        return StepProblem(
+            "missing",
+            rank,
+            tuple(sorted(expected)),
+            f"rank {rank}: the resumed run recorded no steps (expected {step_ranges(expected)}): "
+            f"it stopped right after loading{EARLY_STOP}, or it never calls "
+            "pytest_resume_equiv.record(step, ...) once a run is resumed",
         )
-        return problems
     shift = min(got) - (split + 1)
     if shift and got == {s + shift for s in expected}:
-        problems.append(
-            StepProblem(
-                "shifted",
-                rank,
-                tuple(sorted(got)),
-                f"rank {rank}: the resumed run's step numbers are shifted by {shift:+d}: it recorded "
-                f"steps {span(got)} where the uninterrupted run recorded {span(expected)} after "
-                f"the split at step {split}; the step counter was saved or restored off by "
-                f"{abs(shift)}",
-            )
+        return StepProblem(
+            "shifted",
+            rank,
+            tuple(sorted(got)),
+            f"rank {rank}: the resumed run's step numbers are shifted by {shift:+d}: it recorded "
+            f"steps {step_ranges(got)} where the uninterrupted run recorded "
+            f"{step_ranges(expected)} after the split at step {split}; the step counter was "
+            f"saved or restored off by {abs(shift)}",
         )
-        return problems
+    return None
+
+
+def _resumed_step_problems(rank: int, got: set[int], split: int, steps: int) -> list[StepProblem]:
+    """Steps the resumed run did again (at or before the split), skipped, or ran past the end."""
+    problems = []
     replayed = sorted(s for s in got if s <= split)
     if replayed == [split]:
         problems.append(
@@ -167,8 +175,8 @@ def _step_problems(
                 "re-executed",
                 rank,
                 (split,),
-                f"rank {rank}: the resumed run re-executed step {split}, the step the checkpoint was "
-                "saved after: the global step counter was saved or restored off by one",
+                f"rank {rank}: the resumed run re-executed step {split}, the step the checkpoint "
+                "was saved after: the global step counter was saved or restored off by one",
             )
         )
     elif replayed:
@@ -183,8 +191,10 @@ def _step_problems(
                 "(step counter not restored?)",
             )
         )
+    expected = set(range(split + 1, steps + 1))
     missing = sorted(expected - got)
     if missing:
+        early = missing[-1] == steps and got < expected
         problems.append(
             StepProblem(
                 "missing",
@@ -192,11 +202,7 @@ def _step_problems(
                 tuple(missing),
                 f"rank {rank}: the resumed run never recorded {steps_text(missing)} "
                 f"(expected every step {split + 1}-{steps})"
-                + (
-                    f": it stopped early{EARLY_STOP}"
-                    if missing[-1] == steps and set(got) < expected
-                    else ""
-                ),
+                + (f": it stopped early{EARLY_STOP}" if early else ""),
             )
         )
     extra = sorted(s for s in got if s > steps)
@@ -233,10 +239,6 @@ def _close(a: float, b: float, tol: Optional[tuple[float, float]]) -> bool:
     return abs(a - b) <= atol + rtol * abs(a)
 
 
-def _as_float(tagged: dict[str, str]) -> float:
-    return struct.unpack(">d", bytes.fromhex(tagged[FLOAT_TAG]))[0]
-
-
 def _numbers(values: Any) -> list[float]:
     # Statistics store NaN and infinities as their repr ("nan", "-inf"); float() reads both.
     return [float(v) for v in values]
@@ -248,7 +250,7 @@ def value_difference(
     """First difference between two encoded values: (path, a part, b part, why), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
         if FLOAT_TAG in a and FLOAT_TAG in b:
-            if a[FLOAT_TAG] == b[FLOAT_TAG] or _close(_as_float(a), _as_float(b), tol):
+            if a[FLOAT_TAG] == b[FLOAT_TAG] or _close(decode_float(a), decode_float(b), tol):
                 return None
             return path, a, b, "float differs"
         if TENSOR_TAG in a and TENSOR_TAG in b:
@@ -298,8 +300,38 @@ def _tensor_difference(a: dict, b: dict, path: str, tol: Optional[tuple[float, f
     return path, tagged_a, tagged_b, "contents differ"
 
 
+def _differences(
+    step: int,
+    rank: int,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    tolerance: Sequence[ToleranceRule],
+    user_only: bool,
+) -> list[Divergence]:
+    """Every key that differs between one rank's records `a` and `b` of one step, the
+    user's own keys first: they are what the report shows; the audit explains them."""
+    keys = set(a) | set(b)
+    if user_only:
+        keys = {k for k in keys if not is_audit_key(k)}
+    elif tolerance:
+        # Watched tensors are kept as fingerprints only, which a tolerance cannot apply to;
+        # RNG states stay exact either way.
+        keys = {k for k in keys if not k.startswith("watch:")}
+    found = []
+    for key in sorted(keys, key=lambda k: (is_audit_key(k), k)):
+        if key not in a or key not in b:
+            run = "uninterrupted" if key in a else "resumed"
+            diff = (key, a.get(key), b.get(key), f"recorded by the {run} run only")
+        else:
+            diff = value_difference(a[key], b[key], key, _tolerance_for(key, tolerance))
+        if diff is not None:
+            path, x, y, why = diff
+            found.append(Divergence(step, rank, key, path, x, y, why))
+    return found
+
+
 def compare_runs(
-    baseline: dict[int, Signature],
+    uninterrupted: dict[int, Signature],
     resumed: dict[int, Signature],
     split: int,
     steps: int,
@@ -310,63 +342,42 @@ def compare_runs(
     """Compare every rank of a resumed launch with the uninterrupted launch.
 
     `user_only` ignores the automatic audit keys and `skip_steps` the first resumed steps:
-    the teeth check compares only what the user recorded after its perturbation.
+    the teeth check compares only what the user recorded after its mutation.
     """
-    world_size = max(len(baseline), len(resumed))
+    world_size = max(len(uninterrupted), len(resumed))
     result = Comparison(split=split, steps=steps, world_size=world_size)
     for rank in range(world_size):
-        if rank not in baseline or rank not in resumed:
-            which = "uninterrupted" if rank not in baseline else "resumed"
+        if rank not in uninterrupted or rank not in resumed:
+            which = "uninterrupted" if rank not in uninterrupted else "resumed"
             result.problems.append(
                 StepProblem(
                     "missing-rank", rank, (), f"rank {rank}: the {which} run has no signature"
                 )
             )
             continue
-        result.problems.extend(_step_problems(rank, baseline[rank], resumed[rank], split, steps))
+        result.problems.extend(
+            _step_problems(rank, uninterrupted[rank], resumed[rank], split, steps)
+        )
     if result.problems:
         return result
 
-    base_steps = {rank: sig.by_step() for rank, sig in baseline.items()}
+    base_steps = {rank: sig.by_step() for rank, sig in uninterrupted.items()}
     res_steps = {rank: sig.by_step() for rank, sig in resumed.items()}
     first_step = split + 1 + skip_steps
     for step in range(first_step, steps + 1):
         result.compared_steps += 1
-        found_any = False
-        candidates: list[tuple[bool, int, str, Divergence]] = []
+        found: list[Divergence] = []
         for rank in range(world_size):
-            a, b = base_steps[rank][step], res_steps[rank][step]
-            keys = set(a) | set(b)
-            if user_only:
-                keys = {k for k in keys if not is_audit_key(k)}
-            elif tolerance:
-                # Watched tensors are kept as fingerprints only, which a tolerance cannot
-                # apply to; RNG states stay exact either way.
-                keys = {k for k in keys if not k.startswith("watch:")}
-            # The user's own keys first: they are what the report shows as the divergence;
-            # the audit (rng:..., watch:...) explains it.
-            for key in sorted(keys, key=lambda k: (is_audit_key(k), k)):
-                if key not in a or key not in b:
-                    diff: Optional[tuple[str, Any, Any, str]] = (
-                        key,
-                        a.get(key),
-                        b.get(key),
-                        f"recorded by the {'uninterrupted' if key in a else 'resumed'} run only",
-                    )
-                else:
-                    diff = value_difference(a[key], b[key], key, _tolerance_for(key, tolerance))
-                if diff is None:
-                    continue
-                found_any = True
-                result.divergent_keys.setdefault(rank, []).append(key)
-                path, x, y, why = diff
-                candidates.append(
-                    (is_audit_key(key), rank, key, Divergence(step, rank, key, path, x, y, why))
-                )
-        if found_any:
+            here = _differences(
+                step, rank, base_steps[rank][step], res_steps[rank][step], tolerance, user_only
+            )
+            if here:
+                result.divergent_keys[rank] = [d.key for d in here]
+                found += here
+        if found:
             # Shown first: a key the user recorded (lowest rank, then name), else an audit key;
             # the audit explains a divergence, the user's values are what they recognise.
-            result.divergence = min(candidates, key=lambda c: c[:3])[3]
+            result.divergence = min(found, key=lambda d: (is_audit_key(d.key), d.rank, d.key))
             break
     div = result.divergence
     if div is not None:

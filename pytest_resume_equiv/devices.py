@@ -1,4 +1,5 @@
-"""Accelerator kinds, their process-group backends, visible-device variables and leases.
+"""Accelerator kinds, their process-group backends, visible-device variables and leases
+(how long to wait for a lease is resources.py's business).
 
 Probing goes through an injectable `import_module`, so the NPU (torch_npu) and XPU paths are
 tested on CPU with fake modules.
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import random
 import tempfile
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import ModuleType
@@ -50,9 +49,7 @@ def count_devices(kind: str, import_module: Importer = importlib.import_module) 
         if module is None or not module.is_available():
             return 0
         return int(module.device_count())
-    except ImportError:
-        return 0
-    except Exception:  # a broken driver stack counts as "no device", with no traceback
+    except Exception:  # a missing or broken driver stack is "no device", with no traceback
         return 0
 
 
@@ -134,17 +131,6 @@ class DeviceLease:
                 return True
         self.release()
         return False
-
-    def acquire(self, n: int, timeout: float) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while not self.try_acquire(n):
-            if time.monotonic() > deadline:
-                raise DeviceUnavailable(
-                    f"could not lease {n} {self.kind} devices within {timeout:.0f}s "
-                    "(other pytest workers hold them)"
-                )
-            time.sleep(0.1 + random.random() * 0.4)
-        return list(self.held)
 
     def env(self) -> dict[str, str]:
         return {VISIBLE_DEVICES_ENV[self.kind]: ",".join(self.held)}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .compare import Comparison, is_audit_key, value_difference
-from .rank.layout import FLOAT_TAG
+from .rank.encode import decode_float
 
 Steps = dict[int, dict[int, dict[str, Any]]]
 """rank -> step -> key -> encoded value."""
@@ -33,19 +33,13 @@ def _stream(key: str) -> str:
     return key[len("rng:") :]
 
 
-def _float(value: Any) -> Optional[float]:
-    if isinstance(value, dict) and FLOAT_TAG in value:
-        return float(value["repr"])
-    return None
-
-
 def _norm_gap(a: Any, b: Any) -> Optional[float]:
     """Largest relative norm difference between two `{name: {hash, norm}}` sections."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
     gaps = []
     for name in set(a) & set(b):
-        x, y = _float(a[name].get("norm")), _float(b[name].get("norm"))
+        x, y = decode_float(a[name].get("norm")), decode_float(b[name].get("norm"))
         if x is None or y is None:
             return None
         gaps.append(abs(x - y) / max(abs(x), abs(y), 1e-30))
@@ -101,13 +95,13 @@ def diagnose(cmp: Comparison, base: Steps, res: Steps) -> Optional[Diagnosis]:
     if div is None:
         return None
     step = div.step
-    signals = {rank: keys for rank, keys in sorted(cmp.divergent_keys.items()) if keys}
+    differing = {rank: keys for rank, keys in sorted(cmp.divergent_keys.items()) if keys}
     # Ranks whose own recorded values or random streams differ; watched parameters of other
     # ranks can differ only because gradients were all-reduced with them.
     ranks = sorted(
-        r for r, keys in signals.items() if any(not k.startswith("watch:") for k in keys)
+        r for r, keys in differing.items() if any(not k.startswith("watch:") for k in keys)
     )
-    diag = _classify(signals, base, res, step, cmp.split)
+    diag = _classify(Evidence(differing, base, res, step, cmp.split))
     if ranks and 0 not in ranks:
         diag.notes.append(
             f"rank 0's recorded values and random streams match; only "
@@ -119,14 +113,24 @@ def diagnose(cmp: Comparison, base: Steps, res: Steps) -> Optional[Diagnosis]:
     return diag
 
 
-def _classify(
-    signals: dict[int, list[str]], base: Steps, res: Steps, step: int, split: int
-) -> Diagnosis:
-    def where(rank: int) -> str:
-        return f"rank {rank}, step {step}"
+@dataclass(frozen=True)
+class Evidence:
+    """What every rule reads: per rank, the keys that differ at the first divergent step,
+    and both runs' records."""
 
-    # 1. A generator owned by some module or sampler, while the global streams are fine.
-    for rank, keys in signals.items():
+    differing: dict[int, list[str]]
+    base: Steps
+    res: Steps
+    step: int
+    split: int
+
+    def where(self, rank: int) -> str:
+        return f"rank {rank}, step {self.step}"
+
+
+def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
+    """A generator owned by some module or sampler, while the global streams are fine."""
+    for rank, keys in ev.differing.items():
         gens = [k for k in keys if k.startswith("rng:generator ")]
         core = [
             k for k in keys if k == "rng:cpu" or k.startswith(("rng:cuda:", "rng:npu:", "rng:xpu:"))
@@ -134,12 +138,16 @@ def _classify(
         if gens and not core:
             site = _stream(gens[0])[len("generator ") :]
             return Diagnosis(
-                f"{where(rank)}: the generator created at {site} differs while the CPU and device "
+                f"{ev.where(rank)}: the generator created at {site} differs while the CPU and device "
                 "generators match: its state was not restored (a module or sampler owns a "
                 "torch.Generator and re-seeds it when constructed; save and load its get_state())",
                 "owned generator",
             )
-    # 2. The global streams: collapsed to rank 0's, or simply not restored.
+    return None
+
+
+def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
+    """The global streams: collapsed to rank 0's, or simply not restored."""
     stream_words = {
         "cpu": (
             "the CPU RNG (torch default generator)",
@@ -149,16 +157,16 @@ def _classify(
         "python": ("Python's random module", "random.getstate() not saved and restored"),
     }
     for prefix in ("rng:cpu", "rng:cuda:", "rng:npu:", "rng:xpu:", "rng:numpy", "rng:python"):
-        for rank, keys in signals.items():
+        for rank, keys in ev.differing.items():
             hits = [k for k in keys if k.startswith(prefix)]
             if not hits:
                 continue
             key = hits[0]
             name = _stream(key)
-            other = _borrowed_from(base, res, rank, step, key)
+            other = _borrowed_from(ev.base, ev.res, rank, ev.step, key)
             if other is not None:
                 return Diagnosis(
-                    f"{where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
+                    f"{ev.where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
                     f"{other}'s: one rank's RNG state was loaded into another (save each rank's "
                     "own, keyed by its global rank, not its local rank; a checkpoint file that "
                     "only rank 0 writes holds only rank 0's)",
@@ -167,172 +175,243 @@ def _classify(
             if name in stream_words:
                 what, why = stream_words[name]
                 return Diagnosis(
-                    f"{where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
+                    f"{ev.where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
                 )
             kind = name.split(":")[0]
             return Diagnosis(
-                f"{where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
+                f"{ev.where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
                 f"(torch.{kind}.get_rng_state_all() not saved, or only the current device restored)",
                 "device RNG",
             )
-    # 3. The optimizer stepped a different number of times (and the scheduler with it).
-    for rank, keys in signals.items():
+    return None
+
+
+def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
+    """The optimizer stepped a different number of times (and the scheduler with it)."""
+    for rank, keys in ev.differing.items():
         lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
-        if lr and _optimizer_steps_differ(base, res, rank, step, keys):
+        if lr and _optimizer_steps_differ(ev.base, ev.res, rank, ev.step, keys):
             return Diagnosis(
-                f"{where(rank)}: the optimizer and the LR scheduler stepped a different number of "
+                f"{ev.where(rank)}: the optimizer and the LR scheduler stepped a different number of "
                 "times (the optimizer's step count differs): the gradient-accumulation micro-step "
                 "counter or the partially accumulated gradients were not restored",
                 "gradient accumulation",
             )
-    # 4. Learning rate and scheduler.
-    for rank, keys in signals.items():
+    return None
+
+
+def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
+    """Learning rate and scheduler."""
+    for rank, keys in ev.differing.items():
         lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
         if not lr:
             continue
-        restarted = _scheduler_restarted(base, res, rank, step, split)
+        restarted = _scheduler_restarted(ev.base, ev.res, rank, ev.step, ev.split)
         if restarted is True:
             return Diagnosis(
-                f"{where(rank)}: the learning rate differs ({lr[0][6:]}) and the scheduler counts "
+                f"{ev.where(rank)}: the learning rate differs ({lr[0][6:]}) and the scheduler counts "
                 "its steps from the resume, not from the start: the LR scheduler was not "
                 "restored (warmup restarted)",
                 "LR scheduler missing",
             )
-        shift = _lr_shift(base, res, rank, step, lr[0])
+        shift = _lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
         if restarted is False or shift is not None:
             return Diagnosis(
-                f"{where(rank)}: the learning rate is shifted by one step ({lr[0][6:]}): the "
+                f"{ev.where(rank)}: the learning rate is shifted by one step ({lr[0][6:]}): the "
                 "scheduler was saved before its step, or rebuilt/stepped after the optimizer "
                 "state was loaded",
                 "LR scheduler off by one",
             )
         return Diagnosis(
-            f"{where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
+            f"{ev.where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
             "state explains it: the LR scheduler was not restored (warmup restarted?)",
             "LR scheduler missing",
         )
-    # 5. The data: which samples, and what they contain.
-    for rank, keys in signals.items():
+    return None
+
+
+def _data(ev: Evidence) -> Optional[Diagnosis]:
+    """The data: which samples, and what they contain."""
+    for rank, keys in ev.differing.items():
         user = [k for k in keys if not is_audit_key(k)]
         differing_ids = [k for k in user if _is_id_key(k)]
         if differing_ids:
             return Diagnosis(
-                f"{where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
+                f"{ev.where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
                 "stream matches: the data order was not restored (sampler epoch or permutation, "
                 "or the number of batches skipped after resuming)",
                 "data order",
             )
-        recorded_ids = [k for k in base[rank][step] if not is_audit_key(k) and _is_id_key(k)]
+        recorded_ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and _is_id_key(k)]
         content = [k for k in user if _is_content_key(k)]
         if recorded_ids and content:
             return Diagnosis(
-                f"{where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
+                f"{ev.where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
                 f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
                 "(derived from a main-process RNG when the iterator is made) were not restored",
                 "dataloader workers",
             )
-    # 6. Train/eval flags.
-    for rank, keys in signals.items():
+    return None
+
+
+def _modes(ev: Evidence) -> Optional[Diagnosis]:
+    """Train/eval flags."""
+    for rank, keys in ev.differing.items():
         for key in keys:
             if key.endswith(".modes"):
-                a, b = base[rank][step].get(key) or [], res[rank][step].get(key) or []
+                a, b = ev.base[rank][ev.step].get(key) or [], ev.res[rank][ev.step].get(key) or []
                 flipped = sorted(set(a) ^ set(b))
                 return Diagnosis(
-                    f"{where(rank)}: module train/eval flags differ ({', '.join(flipped)} in eval mode "
+                    f"{ev.where(rank)}: module train/eval flags differ ({', '.join(flipped)} in eval mode "
                     "in one run only): a submodule's mode is not the same after the resume",
                     "train/eval flags",
                 )
-    # 7. Wrong weights loaded: the very first resumed step already computes something else.
-    for rank, keys in signals.items():
+    return None
+
+
+def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
+    """Wrong weights loaded: the very first resumed step already computes something else."""
+    for rank, keys in ev.differing.items():
         user = [k for k in keys if not is_audit_key(k)]
         model_params = [
             k
             for k in keys
-            if k.endswith(".params") and not _is_optimizer(base[rank][step], k[6:-7])
+            if k.endswith(".params") and not _is_optimizer(ev.base[rank][ev.step], k[6:-7])
         ]
-        if step == split + 1 and user and model_params:
+        if ev.step == ev.split + 1 and user and model_params:
             name = _first_diff_name(
-                base[rank][step].get(model_params[0]), res[rank][step].get(model_params[0])
+                ev.base[rank][ev.step].get(model_params[0]),
+                ev.res[rank][ev.step].get(model_params[0]),
             )
             return Diagnosis(
-                f"{where(rank)}: the recorded values ({', '.join(user)}) and parameters ({name}) "
+                f"{ev.where(rank)}: the recorded values ({', '.join(user)}) and parameters ({name}) "
                 "already differ at the first resumed step while every RNG stream, the learning "
                 "rate and the data match: the loaded weights are not the weights at save time (an "
                 "asynchronous or torn checkpoint written after the tensors changed, or the wrong "
                 "checkpoint loaded)",
                 "torn checkpoint",
             )
-    # 8. Buffers.
-    for rank, keys in signals.items():
+    return None
+
+
+def _buffers(ev: Evidence) -> Optional[Diagnosis]:
+    """Buffers (BatchNorm running statistics and the like)."""
+    for rank, keys in ev.differing.items():
         for key in keys:
             if key.endswith(".buffers"):
-                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+                name = _first_diff_name(
+                    ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
+                )
                 return Diagnosis(
-                    f"{where(rank)}: buffer {name} of {key[6:-8]} differs: buffers (e.g. BatchNorm "
+                    f"{ev.where(rank)}: buffer {name} of {key[6:-8]} differs: buffers (e.g. BatchNorm "
                     "running statistics) were not saved/restored, or saved from rank 0 only",
                     "buffers",
                 )
-    # 9. Master weights: the optimizer updates its own copies of the parameters (names it
-    # could not map to a watched model), and they differ only at low-precision rounding level.
-    for rank, keys in signals.items():
+    return None
+
+
+def _master_weights(ev: Evidence) -> Optional[Diagnosis]:
+    """Master weights: the optimizer updates its own copies of the parameters (names it
+    could not map to a watched model), and they differ only at low-precision rounding level."""
+    for rank, keys in ev.differing.items():
         for key in keys:
-            if not key.endswith(".params") or not _is_optimizer(base[rank][step], key[6:-7]):
+            if not key.endswith(".params") or not _is_optimizer(ev.base[rank][ev.step], key[6:-7]):
                 continue
-            a, b = base[rank][step].get(key) or {}, res[rank][step].get(key) or {}
+            a, b = ev.base[rank][ev.step].get(key) or {}, ev.res[rank][ev.step].get(key) or {}
             own = {n: v for n, v in a.items() if n.startswith("group")}
             gap = _norm_gap(own, {n: b[n] for n in own if n in b})
             if own and gap is not None and gap < ROUNDING:
                 return Diagnosis(
-                    f"{where(rank)}: the optimizer's own copies of the parameters (master weights) "
+                    f"{ev.where(rank)}: the optimizer's own copies of the parameters (master weights) "
                     f"differ only at rounding level (relative {gap:.1e}): fp32 master weights were "
                     "rebuilt from the low-precision model weights instead of being saved",
                     "master weights",
                 )
-    # 10. Optimizer state, then other watched objects (an EMA follows the model: after).
-    for rank, keys in signals.items():
+    return None
+
+
+def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
+    """Optimizer state, then other watched objects (an EMA follows the model: after)."""
+    for rank, keys in ev.differing.items():
         for key in keys:
             obj, _, section = key[6:].rpartition(".")
             if (
                 key.startswith("watch:")
                 and section in ("state", "hyper")
-                and _is_optimizer(base[rank][step], obj)
+                and _is_optimizer(ev.base[rank][ev.step], obj)
             ):
-                name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
+                name = _first_diff_name(
+                    ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
+                )
                 return Diagnosis(
-                    f"{where(rank)}: the optimizer state differs ({name}): moments or step "
+                    f"{ev.where(rank)}: the optimizer state differs ({name}): moments or step "
                     "counts were not saved, or were reset after loading",
                     "optimizer state",
                 )
-    for rank, keys in signals.items():
+    for rank, keys in ev.differing.items():
         for key in keys:
             if not key.startswith("watch:"):
                 continue
             obj, section = key[6:].rsplit(".", 1)
-            name = _first_diff_name(base[rank][step].get(key), res[rank][step].get(key))
-            if obj != "model" and not _is_optimizer(base[rank][step], obj) and section != "lr":
+            name = _first_diff_name(ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key))
+            if (
+                obj != "model"
+                and not _is_optimizer(ev.base[rank][ev.step], obj)
+                and section != "lr"
+            ):
                 return Diagnosis(
-                    f"{where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
+                    f"{ev.where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
                     "state was not saved or not restored (an EMA, loss scaler or similar)",
                     "watched state",
                 )
-    for rank, keys in signals.items():
+    for rank, keys in ev.differing.items():
         params = [k for k in keys if k.endswith(".params")]
         if params:
-            name = _first_diff_name(base[rank][step].get(params[0]), res[rank][step].get(params[0]))
+            name = _first_diff_name(
+                ev.base[rank][ev.step].get(params[0]), ev.res[rank][ev.step].get(params[0])
+            )
             return Diagnosis(
-                f"{where(rank)}: parameters differ ({name}) although the recorded values matched: "
+                f"{ev.where(rank)}: parameters differ ({name}) although the recorded values matched: "
                 "the optimizer state (moments, step count) was not restored exactly",
                 "optimizer state",
             )
-    # 11. Only what the user recorded differs, and nothing audited explains it.
-    rank, keys = next(iter(signals.items()))
+    return None
+
+
+def _unaudited(ev: Evidence) -> Diagnosis:
+    """Only what the user recorded differs, and nothing audited explains it."""
+    rank, keys = next(iter(ev.differing.items()))
     user = [k for k in keys if not is_audit_key(k)]
     return Diagnosis(
-        f"{where(rank)}: recorded values differ ({', '.join(user)}) while every audited RNG stream "
+        f"{ev.where(rank)}: recorded values differ ({', '.join(user)}) while every audited RNG stream "
         "and watched state matches: state the audit does not see was not restored (data "
         "loader position, per-rank counters, a custom object); record its inputs or watch() it",
         "unaudited state",
     )
+
+
+RULES = (
+    _owned_generator,
+    _global_stream,
+    _accumulation,
+    _learning_rate,
+    _data,
+    _modes,
+    _wrong_weights,
+    _buffers,
+    _master_weights,
+    _optimizer_or_watched,
+)
+"""In the order in which one cause can explain another: a random stream or the learning rate
+changes everything computed after it, so those come before parameters and recorded values."""
+
+
+def _classify(ev: Evidence) -> Diagnosis:
+    for rule in RULES:
+        found = rule(ev)
+        if found is not None:
+            return found
+    return _unaudited(ev)
 
 
 def _is_id_key(key: str) -> bool:

@@ -1,59 +1,53 @@
-"""The objects behind the `resume_equiv` and `torchrun` fixtures."""
+"""The objects behind the `resume_equiv` and `torchrun` fixtures: their API, and the named
+steps of one run (plan, run, judge, report) in `ResumeEquiv.run`."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Optional
 
 import pytest
 
-from .devices import Device, DeviceLease, visible_ids
-from .launch import LaunchResult, LaunchSpec, RunningLaunch, launch, terminate_as_interrupt
-from .orchestrate import (
+from .devices import Device
+from .errors import ResumeEquivError, ResumeEquivWarning
+from .launch import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
+from .orchestrate import LaunchFailed, ResumeOutcome, run_plan
+from .plan import (
     DEFAULT_CHECKPOINT,
-    Handle,
-    LaunchFailed,
-    PlanInputs,
-    PlannedLaunch,
-    ResumeEquivError,
-    ResumeOutcome,
+    DEFAULT_SEED,
+    Command,
     ResumePlan,
-    Starter,
-    argv_list,
+    RunRequest,
     build_plan,
-    execute,
-    run_context,
-    target_from_argv,
-    target_from_callable,
+    target_of,
 )
 from .plot import plot_split
+from .rank.context import LaunchContext
+from .records import RunRecord, TestRecord
 from .report import (
     format_launch_failure,
     format_outcome,
     format_plan_summary,
     format_shutdown_deaths,
-    outcome_json,
 )
-from .settings import MarkerSpec, Resolved
-from .share import SharedBaseline
+from .resources import Launcher, LeaseWait, parallelism, with_lease
+from .schedule import Scheduler
+from .settings import TestSettings
 from .signature import Signature, read_run
 
-Command = Union[Sequence[str], Callable[..., Any]]
-ROLES = {
-    "baseline": "uninterrupted",
+ROLE_WORDS = {
+    "uninterrupted": "uninterrupted",
     "control": "second uninterrupted (determinism control)",
     "resumed": "resumed",
     "teeth": "teeth-check",
     "interrupted": "interrupted",
 }
 """How a failure report names each kind of launch."""
-DEFAULT_SEED = 1234
 
 
 @dataclass
@@ -72,45 +66,6 @@ class RunRoot:
         if self.keep == "all" or (self.keep == "failed" and failed):
             return
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _lease(device: Device, n: int, timeout: float) -> Optional[DeviceLease]:
-    if device.kind == "cpu":
-        return None
-    lease = DeviceLease(device.kind, visible_ids(device.kind, device.count))
-    lease.acquire(n, timeout)
-    return lease
-
-
-class ResumeEquivWarning(UserWarning):
-    """Something the test author should know that does not change the verdict."""
-
-
-class LeasedLaunch:
-    """A launch holding its devices until it ends."""
-
-    def __init__(self, running: RunningLaunch, lease: DeviceLease) -> None:
-        self._running = running
-        self._lease = lease
-
-    @property
-    def running(self) -> bool:
-        return self._running.running
-
-    def open_gate(self) -> None:
-        self._running.open_gate()
-
-    def poll(self) -> Optional[LaunchResult]:
-        result = self._running.poll()
-        if result is not None:
-            self._lease.release()
-        return result
-
-    def kill(self) -> None:
-        try:
-            self._running.kill()
-        finally:
-            self._lease.release()
 
 
 def _shutdown_deaths(results: list[LaunchResult], strict: bool, stacklevel: int) -> str:
@@ -135,97 +90,47 @@ class ResumeEquiv:
 
     def __init__(
         self,
-        prepared: Any,
+        settings: TestSettings,
+        device: Device,
         root: RunRoot,
-        report_section: Callable[[str], None],
+        owner: str,
         shared_root: Optional[str] = None,
-        owner: str = "",
+        report_section: Callable[[str], None] = lambda text: None,
+        progress: Optional[Callable[[str], None]] = None,
     ) -> None:
-        self.spec: MarkerSpec = prepared.spec
-        self.device: Device = prepared.device
-        self.timeout: Resolved = prepared.timeout
-        self.rng_mutation: bool = prepared.rng_mutation
-        self.strict_shutdown: bool = prepared.strict_shutdown
+        self.settings = settings
+        self.device = device
         self.root = root
-        self._report_section = report_section
-        self.outcome: Optional[ResumeOutcome] = None
-        self.records: list[dict[str, Any]] = []
-        """One JSON-able record per run() call, for --resume-equiv-report."""
-        self.shared_root = shared_root
         self.owner = owner
-        self.running = False
-        """True while launches run: an interrupted test keeps its run directories."""
-        self.progress: Optional[Callable[[str], None]] = None
+        """The test's node id."""
+        self.shared_root = shared_root
+        self.report_section = report_section
+        self.progress = progress
         """Receives a line per launch event (pytest -v)."""
+        self.runs: list[RunRecord] = []
+        self.outcome: Optional[ResumeOutcome] = None
+        self.launching = False
+        """True while launches run: an interrupted test keeps its run directories."""
         self.wall = 0.0
         """Seconds spent in run() calls."""
-        self.lease_dir: Optional[str] = None
-        """Where device lease locks live (None: shared by every pytest on this machine)."""
-        self.shared: list[str] = []
-        """Shared baseline directories this test used (kept with the test on a failure)."""
-
-    def _parallel(self) -> tuple[int, int]:
-        """(launches that run at once, launches started ahead at their gate).
-
-        On CPU a launch gets a core per rank; on accelerators `nproc` devices, leased per
-        launch, so a prestarted launch needs devices to spare.
-        """
-        if self.device.kind == "cpu":
-            return max(1, (os.cpu_count() or 1) // self.spec.world_size), 1
-        fit = max(1, self.device.count // self.spec.nproc)
-        return fit, 1 if self.device.count >= (fit + 1) * self.spec.nproc else 0
-
-    def _starter(self) -> Starter:
-        """Start launches with their own device lease, sharing baselines across tests."""
-        waiting: dict[str, float] = {}
-
-        def start_one(planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
-            spec = planned.spec
-            if self.device.kind == "cpu":
-                return RunningLaunch(spec, gated=gated)
-            ids = visible_ids(self.device.kind, self.device.count)
-            lease = DeviceLease(self.device.kind, ids, self.lease_dir)
-            if not lease.try_acquire(spec.nproc):
-                first = waiting.setdefault(spec.name, time.monotonic())
-                if time.monotonic() - first > self.timeout.value:
-                    raise ResumeEquivError(
-                        f"could not lease {spec.nproc} {self.device.kind} devices for "
-                        f"{spec.name} within {self.timeout.value:g}s (other pytest workers hold them)"
-                    )
-                return None
-            try:
-                running = RunningLaunch(
-                    dataclasses.replace(spec, env={**spec.env, **lease.env()}), gated=gated
-                )
-            except BaseException:
-                lease.release()
-                raise
-            return LeasedLaunch(running, lease)
-
-        def start(planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
-            if planned.shared:
-                return SharedBaseline(
-                    planned.spec.run_dir, lambda: start_one(planned, False), self.owner
-                )
-            return start_one(planned, gated)
-
-        return start
+        self.shared_dirs: list[str] = []
+        """Shared uninterrupted launches this test used (kept with the test on a failure)."""
 
     @property
     def steps(self) -> int:
-        return self.spec.steps
+        return self.settings.marker.steps
 
     @property
     def splits(self) -> tuple[int, ...]:
-        return self.spec.splits
+        return self.settings.marker.splits
 
     @property
     def nproc(self) -> int:
-        return self.spec.nproc
+        return self.settings.marker.nproc
 
     @property
     def world_size(self) -> int:
-        return self.spec.world_size
+        return self.settings.marker.world_size
 
     def run(
         self,
@@ -233,7 +138,7 @@ class ResumeEquiv:
         *,
         checkpoint: str = DEFAULT_CHECKPOINT,
         resume_args: Sequence[str] = (),
-        env: Optional[dict[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
         seed: int = DEFAULT_SEED,
         cwd: Optional[str] = None,
     ) -> ResumeOutcome:
@@ -244,87 +149,67 @@ class ResumeEquiv:
         """
         __tracebackhide__ = True
         if env is not None and not (
-            isinstance(env, dict)
+            isinstance(env, Mapping)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
         ):
             _fail(f"resume_equiv.run(env=...) must be a dict of str to str, got {env!r}")
+        request = RunRequest(command, checkpoint, resume_args, dict(env or {}), seed, cwd)
         try:
-            plan = build_plan(
-                PlanInputs(
-                    spec=self.spec,
-                    root=self.root.path,
-                    device_kind=self.device.kind,
-                    backend=self.device.backend,
-                    timeout=self.timeout.value,
-                    env={**dict(self.spec.env), **(env or {})},
-                    seed=seed,
-                    cwd=cwd,
-                    rng_mutation=self.rng_mutation,
-                    shared_root=self.shared_root,
-                ),
-                command,
-                checkpoint=checkpoint,
-                resume_args=resume_args,
-            )
+            plan, problem = self._plan(request), ""
         except ResumeEquivError as exc:
             plan, problem = None, f"resume_equiv.run(): {exc}"
         if plan is None:
             _fail(problem)  # outside the except block: no chained exception in the report
         began = time.monotonic()
         try:
-            outcome, problem = self._execute(plan)
+            outcome, problem = self._run(plan)
         finally:
             self.wall += time.monotonic() - began
         if outcome is None:
             _fail(problem)
         return outcome
 
-    def _execute(self, plan: ResumePlan) -> tuple[Optional[ResumeOutcome], str]:
-        """Run the plan: (the outcome, "") when it passed, else (None, the failure text)."""
-        self.shared.extend(p.spec.run_dir for p in plan.baselines if p.shared)
-        self.shared.extend(p.spec.run_dir for p in plan.controls.values() if p.shared)
-        partial = ResumeOutcome(plan)
-        self.records.append({"plan": [p.spec.name for p in plan.launches]})
-        parallel, prefetch = self._parallel()
-        self.running = True
+    def _plan(self, request: RunRequest) -> ResumePlan:
+        plan = build_plan(self.settings, request, self.device, self.root.path, self.shared_root)
+        self.shared_dirs += [p.spec.run_dir for p in plan.all_launches if p.shared]
+        return plan
+
+    def _run(self, plan: ResumePlan) -> tuple[Optional[ResumeOutcome], str]:
+        """Run and judge the plan: (the outcome, "") when it passed, else (None, the failure
+        text). Either way the run's record is kept for the summary and the JSON report."""
+        outcome = ResumeOutcome(plan)
+        parallel, prefetch = parallelism(self.device, self.nproc, self.world_size)
+        launcher = Launcher(self.device, self.settings.timeout, self.owner)
+        scheduler = Scheduler(launcher, parallel, prefetch, on_progress=self.progress)
+        self.launching = True
         try:
             with terminate_as_interrupt():
-                outcome = execute(
-                    plan,
-                    self.spec,
-                    start=self._starter(),
-                    on_launch=partial.launches.append,
-                    parallel=parallel,
-                    prefetch=prefetch,
-                    on_progress=self.progress,
-                )
-        except LaunchFailed as exc:
-            self.running = False
-            self.records[-1].update(
-                outcome_json(partial), error=f"the {exc.result.spec.name} launch failed"
-            )
-            self._report_section(format_plan_summary(partial))
-            role = ROLES.get(exc.role, exc.role)
-            failure = format_launch_failure(exc.result, role)
+                run_plan(plan, self.settings, scheduler, outcome)
+        except ResumeEquivError as exc:
+            self.launching = False
+            return None, self._failed_to_run(outcome, exc)
+        self.launching = False
+        self.outcome = outcome
+        record = RunRecord.of(outcome)
+        self.runs.append(record)
+        self.report_section(format_plan_summary(outcome))
+        if not outcome.equal:
+            record.plots = self._plots(outcome)
+            text = format_outcome(outcome, self.root.kept_text())
+            return None, text + "".join(f"\nplot: {path}" for path in record.plots)
+        failure = _shutdown_deaths(outcome.launches, self.settings.strict_shutdown, stacklevel=3)
+        return (None, failure) if failure else (outcome, "")
+
+    def _failed_to_run(self, outcome: ResumeOutcome, exc: ResumeEquivError) -> str:
+        """A launch failed, or a launch's output cannot be compared: the failure text."""
+        self.runs.append(RunRecord.of(outcome, error=str(exc)))
+        self.report_section(format_plan_summary(outcome))
+        if isinstance(exc, LaunchFailed):
+            failure = format_launch_failure(exc.result, ROLE_WORDS.get(exc.role, exc.role))
             if exc.note:
                 failure += f"\n  likely cause: {exc.note}"
-            return None, f"{failure}\n  ({self.root.kept_text()})"
-        except ResumeEquivError as exc:
-            self.running = False
-            self.records[-1].update(outcome_json(partial), error=str(exc))
-            self._report_section(format_plan_summary(partial))
-            return None, f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
-        self.running = False
-        self.outcome = outcome
-        self.records[-1].update(outcome_json(outcome))
-        self._report_section(format_plan_summary(outcome))
-        if not outcome.equal:
-            text = format_outcome(outcome, self.root.kept_text())
-            plots = self._plots(outcome)
-            self.records[-1]["plots"] = plots
-            return None, text + "".join(f"\nplot: {path}" for path in plots)
-        failure = _shutdown_deaths(outcome.launches, self.strict_shutdown, stacklevel=3)
-        return (None, failure) if failure else (outcome, "")
+            return f"{failure}\n  ({self.root.kept_text()})"
+        return f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
 
     def _plots(self, outcome: ResumeOutcome) -> list[str]:
         """A PNG per diverged split (matplotlib installed, run directories kept)."""
@@ -337,10 +222,31 @@ class ResumeEquiv:
             div = verdict.comparison.divergence
             rank = div.rank if div is not None else 0
             path = os.path.join(self.root.path, f"plot-split{verdict.split}.png")
-            base, res = verdict.baseline_signatures, verdict.signatures
+            base, res = verdict.uninterrupted_signatures, verdict.signatures
             if plot_split(base, res, verdict.split, rank, path):
                 paths.append(path)
         return paths
+
+    def record(self, failed: bool) -> TestRecord:
+        """This test's record for the summary table and the JSON report."""
+        if self.launching:
+            verdict = "interrupted"
+        elif not self.runs:
+            verdict = "not run"
+        else:
+            verdict = "failed" if failed else "passed"
+        marker = self.settings.marker
+        return TestRecord(
+            test=self.owner,
+            outcome="failed" if failed else "passed",
+            verdict=verdict,
+            steps=marker.steps,
+            splits=list(marker.splits),
+            ranks=marker.world_size,
+            device=self.device.kind,
+            wall_seconds=self.wall,
+            runs=self.runs,
+        )
 
 
 class Torchrun:
@@ -349,7 +255,7 @@ class Torchrun:
     def __init__(
         self,
         device_for: Callable[[int], Device],
-        timeout: Resolved,
+        timeout: float,
         root: RunRoot,
         strict_shutdown: bool = False,
     ) -> None:
@@ -376,41 +282,49 @@ class Torchrun:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 _fail(f"torchrun({name}={value!r}): must be an int >= 1")
         try:
-            target = (
-                target_from_callable(command)
-                if callable(command)
-                else target_from_argv(argv_list(command, "command"))
-            )
+            target, problem = target_of(command), ""
         except ResumeEquivError as exc:
-            _fail(f"torchrun(): {exc}")
+            problem = f"torchrun(): {exc}"
+        if problem:
+            _fail(problem)
         device = self._device_for(nproc)
         self._count += 1
-        run_dir = os.path.join(self.root.path, f"launch-{self._count}")
+        name = f"launch-{self._count}"
+        run_dir = os.path.join(self.root.path, name)
+        context = LaunchContext("launch", run_dir, device.kind, device.backend, seed=DEFAULT_SEED)
         spec = LaunchSpec(
-            name=f"launch-{self._count}",
-            target=target,
-            run_dir=run_dir,
-            nproc=nproc,
-            nnodes=nnodes,
-            timeout=float(timeout or self.timeout.value),
-            context=run_context("launch", run_dir, device.kind, device.backend, DEFAULT_SEED),
-            env=dict(env or {}),
-            cwd=cwd,
+            name,
+            target,
+            run_dir,
+            nproc,
+            nnodes,
+            float(timeout or self.timeout),
+            context,
+            dict(env or {}),
+            cwd,
         )
-        lease = _lease(device, nproc, spec.timeout)
-        if lease is not None:
-            spec.env.update(lease.env())
-        try:
-            result = launch(spec)
-        finally:
-            if lease is not None:
-                lease.release()
+        result, problem = self._launch(spec, device)
+        if problem:
+            _fail(problem)
         if check and not result.ok:
             _fail(format_launch_failure(result, "torchrun"))
         failure = _shutdown_deaths([result], self.strict_shutdown and check, stacklevel=2)
         if failure:
             _fail(failure)
         return result
+
+    @staticmethod
+    def _launch(spec: LaunchSpec, device: Device) -> tuple[Optional[LaunchResult], str]:
+        lease = None
+        try:
+            if device.kind != "cpu":
+                lease = LeaseWait(device, spec.nproc, spec.timeout, spec.name).wait()
+            return launch(with_lease(spec, lease)), ""
+        except ResumeEquivError as exc:
+            return None, f"torchrun(): {exc}"
+        finally:
+            if lease is not None:
+                lease.release()
 
     @staticmethod
     def signatures(result: LaunchResult) -> dict[int, Signature]:

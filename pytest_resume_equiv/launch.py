@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -24,8 +22,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .rank.layout import CONTEXT_ENV, gate_path, log_path, pid_dir, status_path
-from .stacks import faulthandler_frames, py_spy_dump, py_spy_frames, summary
+from .outcomes import RankOutcome, rank_outcomes
+from .rank.context import LaunchContext
+from .rank.layout import (
+    CONTEXT_ENV,
+    agent_log_path,
+    gate_path,
+    log_path,
+    read_pids,
+)
+from .stacks import py_spy_dump
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 STACK_DUMP_WAIT = 2.0
@@ -44,10 +50,6 @@ class Target:
     def argv(self) -> list[str]:
         return [f"--{self.kind}", self.name, *self.args]
 
-    def display(self) -> str:
-        head = {"script": [self.name], "module": ["-m", self.name], "call": [self.name]}[self.kind]
-        return shlex.join([*head, *self.args])
-
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -57,28 +59,14 @@ class LaunchSpec:
     nproc: int
     nnodes: int
     timeout: float
-    context: dict
-    """The run context given to every rank (JSON in RESUME_EQUIV_CONTEXT)."""
+    context: LaunchContext
+    """What every rank is told (JSON in RESUME_EQUIV_CONTEXT)."""
     env: dict[str, str] = field(default_factory=dict)
     cwd: Optional[str] = None
 
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
-
-
-@dataclass
-class RankOutcome:
-    rank: int
-    status: str
-    """ok | error | exit | shutdown (finished, then died on the way out) | none (no status
-    file: killed by a signal, or hung)"""
-    detail: str = ""
-    exitcode: Optional[int] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass
@@ -94,8 +82,9 @@ class LaunchResult:
     """Seconds from start to the gate (start-up overlapped with an earlier launch)."""
     reused: str = ""
     """Set when this result is another test's launch, reused: that test's node id."""
-    killed_on_purpose: int = 0
-    """interrupt="kill": the step after which the plugin SIGKILLed this launch."""
+    killed_after_step: int = 0
+    """interrupt="kill": the plugin SIGKILLed this launch once every rank had recorded this
+    step (0: it was not killed on purpose)."""
 
     @property
     def ok(self) -> bool:
@@ -112,10 +101,7 @@ class LaunchResult:
 
     @property
     def agent_logs(self) -> list[str]:
-        return [
-            os.path.join(self.spec.run_dir, "logs", f"agent-{i}.log")
-            for i in range(len(self.returncodes))
-        ]
+        return [agent_log_path(self.spec.run_dir, i) for i in range(len(self.returncodes))]
 
     def rank_log(self, rank: int, stream: str = "stderr") -> str:
         return log_path(self.spec.run_dir, rank, stream)
@@ -161,7 +147,7 @@ def _torchrun_argv(spec: LaunchSpec, rdzv: Optional[str]) -> list[str]:
 
 def launch_env(spec: LaunchSpec) -> dict[str, str]:
     """The variables a launch adds to the inherited environment (shown in the rerun line)."""
-    extra = {CONTEXT_ENV: json.dumps(spec.context, sort_keys=True), "PYTHONUNBUFFERED": "1"}
+    extra = {CONTEXT_ENV: spec.context.to_json(), "PYTHONUNBUFFERED": "1"}
     if spec.target.pythonpath:
         current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         paths = [*spec.target.pythonpath, *current]
@@ -176,23 +162,6 @@ def _rerun_line(spec: LaunchSpec, extra: dict[str, str], argv: Sequence[str]) ->
     cwd = spec.cwd or os.getcwd()
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items()))
     return f"cd {shlex.quote(cwd)} && env {assigns} {shlex.join(argv)}"
-
-
-def _read_pids(run_dir: str) -> dict[int, int]:
-    """rank -> pid, from the pid files every rank writes at start."""
-    pids: dict[int, int] = {}
-    try:
-        names = os.listdir(pid_dir(run_dir))
-    except OSError:
-        return pids
-    for name in names:
-        try:
-            rank = int(name.split("-", 1)[1].split(".", 1)[0])
-            with open(os.path.join(pid_dir(run_dir), name)) as f:
-                pids[rank] = int(f.read().strip())
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
 
 
 def _is_our_rank(pid: int) -> bool:
@@ -216,7 +185,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 def dump_stacks(run_dir: str) -> None:
     """Take every live rank's Python stack: py-spy from outside when installed (it sees a rank
     stuck in C code too), and faulthandler into the rank's stderr log."""
-    for rank, pid in _read_pids(run_dir).items():
+    for rank, pid in read_pids(run_dir).items():
         if _is_our_rank(pid):
             py_spy_dump(pid, log_path(run_dir, rank, "pyspy"))
             try:
@@ -227,7 +196,7 @@ def dump_stacks(run_dir: str) -> None:
 
 def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
     """Kill the agents' process groups and every rank's own group; wait for the agents."""
-    for pid in _read_pids(run_dir).values():
+    for pid in read_pids(run_dir).values():
         if _is_our_rank(pid):
             _signal_group(pid, signal.SIGKILL)
     for proc in procs:
@@ -239,93 +208,6 @@ def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
             pass
 
 
-_EXIT_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
-def _agent_exitcodes(log_text: str) -> dict[int, int]:
-    """Per-rank exit codes from torchrun's failure summary (best effort)."""
-    codes: dict[int, int] = {}
-    for block in log_text.split("[")[1:]:
-        match = _EXIT_RE.search(block)
-        if match:
-            codes[int(match.group(1))] = int(match.group(2))
-    return codes
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def stuck_where(run_dir: str, rank: int) -> str:
-    """Where a rank killed at the timeout was stuck (py-spy's view first, then faulthandler's)."""
-    for stream, parse in (("pyspy", py_spy_frames), ("stderr", faulthandler_frames)):
-        try:
-            with open(log_path(run_dir, rank, stream), encoding="utf-8", errors="replace") as f:
-                where = summary(parse(f.read()))
-        except OSError:
-            continue
-        if where:
-            return where
-    return ""
-
-
-def _rank_outcomes(spec: LaunchSpec, agent_text: str, timed_out: bool) -> list[RankOutcome]:
-    codes = _agent_exitcodes(agent_text)
-    outcomes = []
-    for rank in range(spec.world_size):
-        try:
-            with open(status_path(spec.run_dir, rank), encoding="utf-8") as f:
-                status = json.load(f)
-        except (OSError, ValueError):
-            status = None
-        code = codes.get(rank)
-        if status is None:
-            if timed_out:
-                detail = "still running at the timeout (killed)"
-                where = stuck_where(spec.run_dir, rank)
-                if where:
-                    detail += f"; {where}"
-            elif code is not None and code < 0:
-                detail = f"killed by {_signal_name(code)}"
-            elif code is not None:
-                detail = f"exited with code {code} before the trainer finished"
-            else:
-                detail = "ended without reporting a status (killed, or never started)"
-            outcomes.append(RankOutcome(rank, "none", detail, code))
-        elif status.get("status") == "ok" and code is not None and code != 0:
-            # Work done and signature closed, then the interpreter died on the way out
-            # (e.g. SIGABRT from a communication thread torn down at exit).
-            how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
-            detail = (
-                f"finished its work and closed its signature, then died during interpreter "
-                f"shutdown ({how})"
-            )
-            outcomes.append(RankOutcome(rank, "shutdown", detail, code))
-        elif status.get("status") == "ok":
-            outcomes.append(RankOutcome(rank, "ok", "", 0))
-        elif status.get("status") == "exit":
-            outcomes.append(
-                RankOutcome(
-                    rank, "exit", f"exited with code {status.get('code')}", status.get("code")
-                )
-            )
-        else:
-            outcomes.append(RankOutcome(rank, "error", str(status.get("exception", "raised")), 1))
-    failed = [
-        o.rank
-        for o in outcomes
-        if o.status in ("error", "exit")
-        or (o.status == "none" and o.exitcode is not None and o.exitcode != -signal.SIGTERM)
-    ]
-    for outcome in outcomes:
-        if failed and outcome.status == "none" and outcome.exitcode == -signal.SIGTERM:
-            outcome.detail = f"stopped by torchrun (SIGTERM) after rank {failed[0]} failed"
-    return outcomes
-
-
 class RunningLaunch:
     """A started launch. A gated one has its agents and ranks up with torch imported, each
     rank waiting for the gate file before it runs the user's code: the start-up cost of a
@@ -335,9 +217,9 @@ class RunningLaunch:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
-        context = dict(spec.context, gate=self.gate, owner_pid=os.getpid())
+        context = dataclasses.replace(spec.context, gate=self.gate, owner_pid=os.getpid())
         self.extra = launch_env(spec)
-        env = {**os.environ, **self.extra, CONTEXT_ENV: json.dumps(context, sort_keys=True)}
+        env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
         rdzv = None if spec.nnodes == 1 else f"127.0.0.1:{free_port()}"
         self.argv = _torchrun_argv(spec, rdzv)
         self.procs: list[subprocess.Popen] = []
@@ -347,7 +229,7 @@ class RunningLaunch:
         self.result: Optional[LaunchResult] = None
         try:
             for node in range(spec.nnodes):
-                log = open(os.path.join(spec.run_dir, "logs", f"agent-{node}.log"), "wb")
+                log = open(agent_log_path(spec.run_dir, node), "wb")
                 self._logs.append(log)
                 self.procs.append(
                     subprocess.Popen(
@@ -365,7 +247,8 @@ class RunningLaunch:
             raise
 
     @property
-    def running(self) -> bool:
+    def gate_open(self) -> bool:
+        """Whether the ranks may run (or are running) the user's code."""
         return self.gate_opened is not None
 
     def open_gate(self) -> None:
@@ -408,7 +291,7 @@ class RunningLaunch:
                 log.close()
         end = time.monotonic()
         agent_text = ""
-        for path in self.agent_logs():
+        for path in (agent_log_path(self.spec.run_dir, i) for i in range(len(self.procs))):
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     agent_text += f.read()
@@ -419,17 +302,11 @@ class RunningLaunch:
             returncodes=[p.returncode for p in self.procs],
             timed_out=timed_out,
             duration=end - (self.gate_opened if self.gate_opened is not None else end),
-            ranks=_rank_outcomes(self.spec, agent_text, timed_out),
+            ranks=rank_outcomes(self.spec.run_dir, self.spec.world_size, agent_text, timed_out),
             command=_rerun_line(self.spec, self.extra, self.argv),
             startup=(self.gate_opened or end) - self.started,
         )
         return self.result
-
-    def agent_logs(self) -> list[str]:
-        return [
-            os.path.join(self.spec.run_dir, "logs", f"agent-{i}.log")
-            for i in range(len(self.procs))
-        ]
 
 
 def launch(spec: LaunchSpec) -> LaunchResult:
@@ -459,29 +336,3 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def result_to_json(result: LaunchResult) -> dict:
-    """A launch's result as JSON (shared baselines, kept runs read back offline)."""
-    return dataclasses.asdict(result)
-
-
-def result_from_json(data: dict) -> LaunchResult:
-    spec = dict(data["spec"])
-    target = spec.pop("target")
-    spec["target"] = Target(
-        target["kind"],
-        target["name"],
-        tuple(target.get("args", ())),
-        tuple(target.get("pythonpath", ())),
-    )
-    return LaunchResult(
-        spec=LaunchSpec(**spec),
-        returncodes=list(data["returncodes"]),
-        timed_out=bool(data["timed_out"]),
-        duration=float(data["duration"]),
-        ranks=[RankOutcome(**r) for r in data["ranks"]],
-        command=str(data["command"]),
-        startup=float(data.get("startup", 0.0)),
-        reused=str(data.get("reused") or data.get("owner") or ""),
-    )

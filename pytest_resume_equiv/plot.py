@@ -3,28 +3,12 @@ split marked. Needs matplotlib (the `plot` extra); without it there is simply no
 
 from __future__ import annotations
 
-import math
-import struct
-from typing import Any, Optional
+from typing import Optional
 
-from .rank.layout import FLOAT_TAG
 from .signature import Signature
+from .values import scalar
 
 MAX_SERIES = 6
-
-
-def scalar(value: Any) -> Optional[float]:
-    """The number an encoded value stands for, if it is one (exact floats come back exactly)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, dict) and FLOAT_TAG in value:
-        try:
-            return struct.unpack(">d", bytes.fromhex(value[FLOAT_TAG]))[0]
-        except (ValueError, struct.error):
-            return math.nan
-    return None
 
 
 def plot_split(

@@ -1,34 +1,30 @@
-"""pytest hooks: options, the marker, device skips, fixtures and report sections.
+"""pytest hooks only: options, the marker, device skips, fixtures and report sections.
 
-Everything else lives in modules that do not need pytest, so it can be unit-tested and
-reused offline.
+One resume test, from the marker to the verdict:
+1. `pytest_runtest_setup` resolves the test's settings (`settings.resolve_test`: its marker
+   over the session's options) and its device (skip or fail when there is none);
+2. the `resume_equiv` fixture hands both to a `fixtures.ResumeEquiv`;
+3. `ResumeEquiv.run` plans the launches (`plan.build_plan`), runs them
+   (`schedule.Scheduler`), judges each result (`orchestrate.Judge`) and fails the test with
+   the report's text (`report.format_outcome`);
+4. at teardown the test's record goes to the session (`session.ResumeEquivSession`), which
+   prints the summary table and writes the JSON report at the end.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import tempfile
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pytest
 
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
-from .report import format_summary_table, test_entry
-from .settings import (
-    OPTIONS,
-    MarkerSpec,
-    Resolved,
-    SessionSettings,
-    SettingError,
-    parse_marker,
-    resolve_session,
-)
-from .share import SHARED_DIR, clean_shared, mark_kept
+from .report import format_summary_table
+from .session import ResumeEquivSession, is_xdist_worker, session_temp
+from .settings import OPTIONS, SettingError, TestSettings, resolve_test
 
 MARKER = "resume_equivalent"
 MARKER_DOC = (
@@ -39,24 +35,10 @@ MARKER_DOC = (
     "pytest-resume-equiv's README."
 )
 
-SETTINGS_KEY = pytest.StashKey[SessionSettings]()
-
-
-@dataclass(frozen=True)
-class Prepared:
-    spec: MarkerSpec
-    device: Device
-    timeout: Resolved
-    rng_mutation: bool
-    strict_shutdown: bool = False
-
-
-PREPARED_KEY = pytest.StashKey[Prepared]()
-REPORT_KEY = pytest.StashKey[list]()
+SESSION_KEY = pytest.StashKey[ResumeEquivSession]()
+TEST_KEY = pytest.StashKey[tuple[TestSettings, Device]]()
+"""A marked test's settings and device, set up before its fixtures run."""
 FAILED_KEY = pytest.StashKey[bool]()
-SHARED_KEY = pytest.StashKey[str]()
-ACTIVE_KEY = pytest.StashKey[dict]()
-"""node id -> the ResumeEquiv fixture of every resume test running now."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -81,30 +63,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
-    config.stash[SETTINGS_KEY] = resolve_session(config)
-    config.stash[REPORT_KEY] = []
+    config.stash[SESSION_KEY] = ResumeEquivSession(config)
     config.pluginmanager.register(_InterruptReporter(config), "resume-equiv-interrupts")
 
 
-def _shared_root(request: pytest.FixtureRequest, factory: pytest.TempPathFactory) -> str:
-    """The directory of baselines shared across this session's tests (and xdist workers,
-    whose base temporary directories sit inside the controller's)."""
-    base = factory.getbasetemp()
-    worker = getattr(request.config, "workerinput", None)
-    path = (base.parent if worker else base) / SHARED_DIR
-    path.mkdir(mode=0o700, exist_ok=True)
-    request.config.stash[SHARED_KEY] = str(path)
-    return str(path)
+def _session(config: pytest.Config) -> ResumeEquivSession:
+    return config.stash[SESSION_KEY]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """pytest-xdist controller: collect the workers' report entries and learn where they
-    shared their baselines."""
-    output = getattr(node, "workeroutput", {})
-    if output.get("resume_equiv_shared"):
-        node.config.stash[SHARED_KEY] = output["resume_equiv_shared"]
-    node.config.stash[REPORT_KEY].extend(output.get("resume_equiv_tests", []))
+    """pytest-xdist controller: a worker ended; merge what it sent."""
+    _session(node.config).worker_done(getattr(node, "workeroutput", {}))
 
 
 class _InterruptReporter:
@@ -115,60 +85,31 @@ class _InterruptReporter:
         self.config = config
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        paths = _session(self.config).interrupted()
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        for fixture in self.config.stash.get(ACTIVE_KEY, {}).values():
-            if not fixture.running:
-                continue
-            for path in fixture.shared:
-                mark_kept(path)  # the session's cleanup of shared baselines spares them
-            paths = [p for p in (fixture.root.path, *fixture.shared) if os.path.isdir(p)]
-            line = (
+        if paths and reporter is not None:
+            reporter.write_line(
                 "resume-equiv: interrupted; every launch was killed; partial run directories "
                 "kept: " + ", ".join(paths)
             )
-            if reporter is not None:
-                reporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    config = session.config
-    shared = config.stash.get(SHARED_KEY, None)
-    if shared:
-        if hasattr(config, "workeroutput"):
-            config.workeroutput["resume_equiv_shared"] = shared  # the controller cleans up
-        elif not _settings(config).error:
-            clean_shared(shared, _settings(config)["keep"])
-    _write_report(session)
-
-
-def _write_report(session: pytest.Session) -> None:
-    config = session.config
-    entries = config.stash[REPORT_KEY]
-    if hasattr(config, "workeroutput"):  # pytest-xdist worker: the controller writes it all
-        config.workeroutput["resume_equiv_tests"] = entries
-        return
-    path = _settings(config)["report"] if not _settings(config).error else None
-    if not path:
-        return
-    entries.sort(key=lambda e: e["test"])
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(
-            {"format": "pytest-resume-equiv/report", "version": 1, "tests": entries}, f, indent=2
-        )
+    _session(session.config).finish()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    entries = terminalreporter.config.stash.get(REPORT_KEY, [])
-    if entries:
+    records = _session(terminalreporter.config).records
+    if records:
         terminalreporter.write_sep("=", "resume equivalence")
-        for line in format_summary_table(sorted(entries, key=lambda e: e["test"])):
+        for line in format_summary_table(records):
             terminalreporter.write_line(line)
 
 
-def _progress_writer(config: pytest.Config) -> Any:
+def _progress_writer(config: pytest.Config) -> Optional[Callable[[str], None]]:
     """With -v (and not inside a pytest-xdist worker), a line per launch event."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or config.option.verbose < 1 or hasattr(config, "workerinput"):
+    if reporter is None or config.option.verbose < 1 or is_xdist_worker(config):
         return None
 
     def write(text: str) -> None:
@@ -178,38 +119,30 @@ def _progress_writer(config: pytest.Config) -> Any:
     return write
 
 
-def _settings(config: pytest.Config) -> SessionSettings:
-    return config.stash[SETTINGS_KEY]
-
-
 def pytest_report_header(config: pytest.Config) -> str:
-    settings = _settings(config)
+    settings = _session(config).settings
     if settings.error:
         return f"resume-equiv: invalid settings, resume tests will fail: {settings.error}"
-    requested = settings["device"]
-    if requested == "auto":
+    device = settings.describe("device")
+    if settings["device"] == "auto":
+        source = settings.values["device"].source
         try:
             found = select_device("auto", 1)
-            device = f"auto -> {found.kind} x{found.count} ({settings.values['device'].source})"
+            device = f"auto -> {found.kind} x{found.count} ({source})"
         except DeviceUnavailable:
-            device = (
-                f"auto -> no accelerator, resume tests skip ({settings.values['device'].source})"
-            )
-    else:
-        device = settings.describe("device")
+            device = f"auto -> no accelerator, resume tests skip ({source})"
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
         f"({settings.values['timeout'].source}), keep={settings.describe('keep')}"
     )
 
 
-def _device(config: pytest.Config, ranks_per_node: int) -> Device:
+def _device(requested: str, require: bool, ranks_per_node: int) -> Device:
     """The device for a launch, or skip/fail the test with the precise reason."""
-    settings = _settings(config)
     try:
-        return select_device(settings["device"], ranks_per_node)
+        return select_device(requested, ranks_per_node)
     except DeviceUnavailable as exc:
-        if settings["require_device"]:
+        if require:
             pytest.fail(f"{exc} (--resume-equiv-require-device is set)", pytrace=False)
         pytest.skip(str(exc))
     raise AssertionError("unreachable")
@@ -220,23 +153,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker(MARKER)
     if marker is None:
         return
-    settings = _settings(item.config)
-    if settings.error:
-        pytest.fail(f"pytest-resume-equiv: {settings.error}", pytrace=False)
     try:
-        spec, problem = parse_marker(marker.args, marker.kwargs), ""
+        settings, problem = (
+            resolve_test(_session(item.config).settings, marker.args, marker.kwargs),
+            "",
+        )
     except SettingError as exc:
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)  # outside the except: no chained exception shown
-    timeout = settings.values["timeout"]
-    if spec.timeout is not None:
-        timeout = Resolved(spec.timeout, "marker @resume_equivalent(timeout=...)")
-    rng_mutation = settings["rng_mutation"] if spec.rng_mutation is None else spec.rng_mutation
-    device = _device(item.config, spec.nproc)
-    item.stash[PREPARED_KEY] = Prepared(
-        spec, device, timeout, rng_mutation, settings["strict_shutdown"]
-    )
+    device = _device(settings.device, settings.require_device, settings.marker.nproc)
+    item.stash[TEST_KEY] = (settings, device)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -253,7 +180,7 @@ def _run_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     """A fresh private (0700) directory under pytest's base temp for one test's launches."""
     name = re.sub(r"\W", "_", request.node.name)[:30]
     path = tempfile.mkdtemp(prefix=f"resume-equiv-{name}-", dir=tmp_path_factory.getbasetemp())
-    return RunRoot(path, _settings(request.config)["keep"])
+    return RunRoot(path, _session(request.config).settings["keep"])
 
 
 @pytest.fixture
@@ -267,30 +194,24 @@ def resume_equiv(
             "the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test",
             pytrace=False,
         )
-    prepared = node.stash[PREPARED_KEY]
+    session = _session(request.config)
+    settings, device = node.stash[TEST_KEY]
     root = _run_root(request, tmp_path_factory)
-
-    def section(text: str) -> None:
-        node.add_report_section("call", "resume-equiv", text)
-
     fixture = ResumeEquiv(
-        prepared, root, section, _shared_root(request, tmp_path_factory), owner=node.nodeid
+        settings,
+        device,
+        root,
+        owner=node.nodeid,
+        shared_root=session.shared_dir(tmp_path_factory),
+        report_section=lambda text: node.add_report_section("call", "resume-equiv", text),
+        progress=_progress_writer(request.config),
     )
-    fixture.progress = _progress_writer(request.config)
-    active = request.config.stash.setdefault(ACTIVE_KEY, {})
-    active[node.nodeid] = fixture
+    session.launching[node.nodeid] = fixture
     yield fixture
-    active.pop(node.nodeid, None)
-    # A test stopped mid-run (Ctrl-C, SIGTERM) keeps what its launches wrote so far.
-    failed = node.stash.get(FAILED_KEY, False) or fixture.running
-    if failed:
-        for path in fixture.shared:
-            mark_kept(path)
-    entry = test_entry(node.nodeid, failed, prepared.spec, prepared.device.kind, fixture)
-    request.config.stash[REPORT_KEY].append(entry)
-    for name in ("verdict", "launches", "wall_seconds", "first_divergence"):
-        node.user_properties.append((f"resume_equiv_{name}", entry[name]))  # JUnit XML
-    root.finish(failed)
+    failed = node.stash.get(FAILED_KEY, False)
+    record = session.test_done(fixture, failed)
+    node.user_properties.extend(record.junit_properties())  # JUnit XML
+    root.finish(failed or fixture.launching)
 
 
 @pytest.fixture
@@ -298,11 +219,11 @@ def torchrun(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Generator[Torchrun, None, None]:
     """Launch a script, `["-m", module, ...]` or module-level function under torchrun."""
+    settings = _session(request.config).settings
     root = _run_root(request, tmp_path_factory)
-    settings = _settings(request.config)
     yield Torchrun(
-        lambda n: _device(request.config, n),
-        settings.values["timeout"],
+        lambda n: _device(settings["device"], settings["require_device"], n),
+        settings["timeout"],
         root,
         strict_shutdown=not settings.error and settings["strict_shutdown"],
     )
@@ -337,9 +258,7 @@ def toy_wan_model_dir(
 
     from .toy import materialize_toy_wan
 
-    base = tmp_path_factory.getbasetemp()
-    worker = getattr(request.config, "workerinput", None)
-    shared = base.parent if worker else base  # pytest-xdist workers share the parent
+    shared = session_temp(request.config, tmp_path_factory)
     path = shared / "resume-equiv-toy-wan"
     with FileLock(str(shared / "resume-equiv-toy-wan.lock")):
         if not path.exists():

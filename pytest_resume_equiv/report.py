@@ -6,49 +6,14 @@ of context instead of walls of numbers.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 from .compare import Comparison
 from .diagnose import Diagnosis
 from .launch import LaunchResult
 from .orchestrate import ResumeOutcome
-from .rank.layout import FLOAT_TAG, TENSOR_TAG
-
-MAX_VALUE_CHARS = 160
-
-
-def readable(value: Any) -> str:
-    """A short human form of an encoded value."""
-    text = _readable(value)
-    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
-
-
-def _readable(value: Any) -> str:
-    if isinstance(value, dict):
-        if FLOAT_TAG in value:
-            return str(value.get("repr", value[FLOAT_TAG]))
-        if TENSOR_TAG in value:
-            t = value[TENSOR_TAG]
-            shape = "x".join(map(str, t.get("shape", []))) or "scalar"
-            parts = [f"{t.get('dtype')}[{shape}]"]
-            if "values" in t and len(t["values"]) <= 4:
-                parts.append(
-                    "values="
-                    + ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in t["values"])
-                )
-            else:
-                stats = t.get("stats", {})
-                parts += [
-                    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
-                ]
-            parts.append(f"hash={str(t.get('hash'))[:12]}")
-            return "tensor(" + " ".join(parts) + ")"
-        return "{" + ", ".join(f"{k!r}: {_readable(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_readable(v) for v in value) + "]"
-    return json.dumps(value)
+from .records import TestRecord
+from .values import readable
 
 
 def format_comparison(cmp: Comparison) -> str:
@@ -161,13 +126,13 @@ def format_diagnosis(diag: Diagnosis) -> list[str]:
 
 
 def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
-    if outcome.resume_equal and outcome.toothless is not None:
-        check = outcome.toothless
+    if outcome.resume_equal and outcome.teeth.status == "failed":
+        check = outcome.teeth.comparison
         teeth = outcome.plan.teeth
-        assert teeth is not None
+        assert teeth is not None and check is not None
         after = check.split + 2
         return (
-            "this test has no teeth: every RNG stream was perturbed right after step "
+            "this test has no teeth: every RNG stream was mutated right after step "
             f"{check.split + 1} of a resumed run (launch {teeth.spec.name}), and the recorded values "
             f"at steps {after}-{check.steps} still matched the uninterrupted run on all "
             f"{check.world_size} ranks, so the signature does not depend on random state and this "
@@ -199,7 +164,7 @@ def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
     first = failing[0]
     lines += [
         f"run directories ({kept}):",
-        f"  uninterrupted: {first.baseline.spec.run_dir}",
+        f"  uninterrupted: {first.uninterrupted.spec.run_dir}",
         f"  resumed:       {first.launch.spec.run_dir}",
         f"rerun the resumed launch by hand:\n  {first.launch.command}",
     ]
@@ -217,106 +182,25 @@ def format_plan_summary(outcome: ResumeOutcome) -> str:
         )
     for verdict in outcome.verdicts:
         lines.append(format_comparison(verdict.comparison).splitlines()[0])
-    if outcome.teeth_skipped:
-        lines.append(f"teeth check skipped: {outcome.teeth_skipped}")
+    if outcome.teeth.status == "skipped":
+        lines.append(f"teeth check skipped: {outcome.teeth.why}")
     return "\n".join(lines)
 
 
-def outcome_json(outcome: ResumeOutcome) -> dict:
-    """The machine-readable record of one test's launches and verdicts (JSON report)."""
-    launches = [
-        {
-            "name": r.spec.name,
-            "ranks": r.spec.world_size,
-            "seconds": round(r.duration, 3),
-            "startup_overlapped": round(r.startup, 3),
-            "reused_from": r.reused or None,
-            "ok": r.ok,
-            "timed_out": r.timed_out,
-            "run_dir": r.spec.run_dir,
-            "command": r.command,
-        }
-        for r in outcome.launches
-    ]
-    verdicts = []
-    for v in outcome.verdicts:
-        cmp = v.comparison
-        div = cmp.divergence
-        verdicts.append(
-            {
-                "split": v.split,
-                "equal": cmp.equal,
-                "compared_steps": cmp.compared_steps,
-                "problems": [p.message for p in cmp.problems],
-                "first_divergence": None
-                if div is None
-                else {
-                    "step": div.step,
-                    "rank": div.rank,
-                    "key": div.key,
-                    "path": div.path,
-                    "detail": div.detail,
-                    "uninterrupted": readable(div.expected),
-                    "resumed": readable(div.actual),
-                },
-                "divergent_keys": {str(k): keys for k, keys in cmp.divergent_keys.items()},
-            }
-        )
-    return {"launches": launches, "verdicts": verdicts}
-
-
-def test_entry(nodeid: str, failed: bool, spec: Any, device: str, fixture: Any) -> dict:
-    """One test's record in the JSON report and the summary table."""
-    runs = fixture.records
-    launches = [launch for run in runs for launch in run.get("launches", [])]
-    first = ""
-    for run in runs:
-        for verdict in run.get("verdicts", []):
-            div = verdict.get("first_divergence")
-            if div and not first:
-                first = f"split {verdict['split']}: step {div['step']}, rank {div['rank']}, {div['key']!r}"
-            elif verdict.get("problems") and not first:
-                first = f"split {verdict['split']}: {verdict['problems'][0]}"
-        if run.get("error") and not first:
-            first = run["error"]
-    if fixture.running:
-        verdict = "interrupted"
-    elif not runs:
-        verdict = "not run"
-    else:
-        verdict = "failed" if failed else "passed"
-    return {
-        "test": nodeid,
-        "outcome": "failed" if failed else "passed",
-        "verdict": verdict,
-        "steps": spec.steps,
-        "splits": list(spec.splits),
-        "ranks": spec.world_size,
-        "device": device,
-        "launches": len(launches),
-        "reused_launches": sum(1 for launch in launches if launch.get("reused_from")),
-        "wall_seconds": round(fixture.wall, 3),
-        "first_divergence": first,
-        "runs": runs,
-    }
-
-
-def format_summary_table(entries: list[dict]) -> list[str]:
-    """The end-of-session table: one row per resume test."""
+def format_summary_table(records: list[TestRecord]) -> list[str]:
+    """The end-of-session table: one row per resume test, in node-id order."""
     rows = [["test", "ranks", "splits", "launches", "wall", "verdict", "first divergence"]]
-    for e in entries:
-        launches = str(e["launches"]) + (
-            f" ({e['reused_launches']} reused)" if e.get("reused_launches") else ""
-        )
+    for r in sorted(records, key=lambda r: r.test):
+        reused = f" ({r.reused_launches} reused)" if r.reused_launches else ""
         rows.append(
             [
-                e["test"],
-                str(e["ranks"]),
-                ",".join(map(str, e["splits"])),
-                launches,
-                f"{e['wall_seconds']:.1f}s",
-                e["verdict"],
-                _clip(e["first_divergence"], 70),
+                r.test,
+                str(r.ranks),
+                ",".join(map(str, r.splits)),
+                f"{r.launches}{reused}",
+                f"{r.wall_seconds:.1f}s",
+                r.verdict,
+                _clip(r.first_divergence, 70),
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

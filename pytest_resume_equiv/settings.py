@@ -1,8 +1,10 @@
-"""The one place where options are resolved and validated.
+"""The one place where options and markers are resolved and validated.
 
 Precedence, lowest to highest: default < ini < environment (`PYTEST_RESUME_EQUIV_*`) <
 command line < marker. Each resolved value remembers where it came from, so an error can
 say "invalid timeout 'abc' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT".
+`resolve_session` does the session's layers once; `resolve_test` lays a test's marker over
+them and returns the settings that test runs with.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "rng_mutation",
-            "run the teeth check (one extra resumed launch with every RNG stream perturbed): "
+            "run the teeth check (one extra resumed launch with every RNG stream mutated): "
             "true (default) or false; the marker's rng_mutation= wins",
             True,
             parse_bool,
@@ -149,13 +151,9 @@ class Resolved:
 
 
 def resolve(
-    option: Option,
-    ini: Optional[tuple[Any, str]],
-    env: Mapping[str, str],
-    cli: Any,
-    marker: Any = None,
+    option: Option, ini: Optional[tuple[Any, str]], env: Mapping[str, str], cli: Any
 ) -> Resolved:
-    """Resolve one option from its sources; `ini` is (raw value, file) or None."""
+    """Resolve one option from the session's sources; `ini` is (raw value, file) or None."""
     candidates: list[tuple[Any, str]] = []
     if ini is not None and ini[0] not in (None, "", []):
         candidates.append((ini[0], f"ini option {option.ini} in {ini[1]}"))
@@ -163,8 +161,6 @@ def resolve(
         candidates.append((env[option.env], f"environment variable {option.env}"))
     if cli is not None:
         candidates.append((cli, f"command line {option.cli}"))
-    if marker is not None:
-        candidates.append((marker, f"marker @resume_equivalent({option.name}=...)"))
     if not candidates:
         return Resolved(option.default, "default")
     raw, source = candidates[-1]
@@ -353,4 +349,51 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
         env=_env(merged.get("env")),
         rng_mutation=rng_mutation,
         interrupt=interrupt,
+    )
+
+
+MARKER_OPTIONS = ("timeout", "rng_mutation")
+"""Options a marker may set for its test (the top layer of the precedence)."""
+
+
+@dataclass(frozen=True)
+class TestSettings:
+    """What one marked test runs with: its validated marker, and the options with the
+    marker's layer applied. `sources` says where each option's value came from."""
+
+    __test__ = False  # not a pytest test class
+    marker: MarkerSpec
+    device: str
+    require_device: bool
+    timeout: float
+    keep: str
+    report: Optional[str]
+    strict_shutdown: bool
+    rng_mutation: bool
+    sources: dict[str, str]
+
+    def describe(self, name: str) -> str:
+        return f"{getattr(self, name)} ({self.sources[name]})"
+
+
+def resolve_test(
+    session: SessionSettings, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> TestSettings:
+    """The effective settings of a test marked `@resume_equivalent(*args, **kwargs)`.
+
+    Raises SettingError for an invalid session option (it concerns every marked test) or an
+    invalid marker argument (only this test).
+    """
+    if session.error:
+        raise SettingError(f"pytest-resume-equiv: {session.error}")
+    marker = parse_marker(args, kwargs)
+    options = dict(session.values)
+    for name in MARKER_OPTIONS:
+        value = getattr(marker, name)
+        if value is not None:
+            options[name] = Resolved(value, f"marker @resume_equivalent({name}=...)")
+    return TestSettings(
+        marker,
+        **{name: resolved.value for name, resolved in options.items()},
+        sources={name: resolved.source for name, resolved in options.items()},
     )

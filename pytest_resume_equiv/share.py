@@ -1,7 +1,7 @@
-"""Baseline launches shared by the tests of a session, across pytest-xdist workers too.
+"""Uninterrupted launches shared by the tests of a session, across pytest-xdist workers too.
 
 Two tests whose uninterrupted launch is the same (same target, arguments, environment, ranks,
-device, seed, steps and splits) need it only once. The baseline of such a launch lives in a
+device, seed, steps and splits) need it only once. Such a launch lives in a
 directory named by that identity under the session's shared temporary directory; a file lock
 beside it lets exactly one process run it while the others wait, and `launch.json` there holds
 its result for every later test.
@@ -9,17 +9,48 @@ its result for every later test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from typing import Callable, Optional
 
-from .launch import LaunchResult, result_from_json, result_to_json
+from .launch import LaunchResult, LaunchSpec, Target
+from .outcomes import RankOutcome
+from .rank.context import LaunchContext
+from .rank.layout import KEEP_FILE, RESULT_FILE
 
-RESULT_FILE = "launch.json"
-KEEP_FILE = "KEEP"
-"""Written into a shared baseline a failed test used, so --resume-equiv-keep=failed keeps it."""
-SHARED_DIR = "resume-equiv-baselines"
+SHARED_DIR = "resume-equiv-shared"
+
+
+def result_to_json(result: LaunchResult) -> dict:
+    """A launch's result as JSON, for the tests that reuse it."""
+    return dataclasses.asdict(result)
+
+
+def result_from_json(data: dict) -> LaunchResult:
+    spec = dict(data["spec"])
+    target = spec.pop("target")
+    spec["target"] = Target(
+        target["kind"],
+        target["name"],
+        tuple(target.get("args", ())),
+        tuple(target.get("pythonpath", ())),
+    )
+    context = dict(spec.pop("context"))
+    context["splits"] = tuple(context.get("splits", ()))
+    spec["context"] = LaunchContext(**context)
+    return LaunchResult(
+        spec=LaunchSpec(**spec),
+        returncodes=list(data["returncodes"]),
+        timed_out=bool(data["timed_out"]),
+        duration=float(data["duration"]),
+        ranks=[RankOutcome(**r) for r in data["ranks"]],
+        command=str(data["command"]),
+        startup=float(data.get("startup", 0.0)),
+        reused=str(data.get("reused") or data.get("owner") or ""),
+        killed_after_step=int(data.get("killed_after_step", 0)),
+    )
 
 
 def load_result(run_dir: str) -> Optional[LaunchResult]:
@@ -37,10 +68,11 @@ def save_result(run_dir: str, result: LaunchResult, owner: str) -> None:
     os.replace(f"{path}.tmp", path)
 
 
-class SharedBaseline:
-    """The scheduler's handle on a shared baseline: runs it, or waits for and reuses it."""
+class SharedLaunch:
+    """The scheduler's handle on a shared uninterrupted launch: runs it, or waits for and
+    reuses it. Never gated: it reads no checkpoint."""
 
-    running = True
+    gate_open = True
 
     def __init__(self, run_dir: str, start: Callable[[], object], owner: str) -> None:
         from filelock import FileLock
@@ -102,7 +134,7 @@ def mark_kept(run_dir: str) -> None:
 
 
 def clean_shared(root: str, keep: str) -> None:
-    """At the end of the session: drop shared baselines the keep policy does not keep."""
+    """At the end of the session: drop shared launches the keep policy does not keep."""
     if keep == "all" or not os.path.isdir(root):
         return
     for name in os.listdir(root):

@@ -1,4 +1,4 @@
-"""The in-rank audit: random streams, generator identities, watch() sections, perturbation."""
+"""The in-rank audit: random streams, generator identities, watch() sections, the teeth check's mutation."""
 
 import random
 
@@ -62,10 +62,10 @@ def test_host_streams_and_numpy_position(tracking):
     assert rng.audit()["cpu"] != start["cpu"]
 
 
-def test_perturb_moves_every_stream(tracking):
+def test_mutate_moves_every_stream(tracking):
     g = torch.Generator().manual_seed(3)
     before = rng.audit()
-    rng.perturb()
+    rng.mutate()
     after = rng.audit()
     assert all(after[k] != before[k] for k in before), [k for k in before if after[k] == before[k]]
     del g

@@ -21,7 +21,7 @@ def runs(in_rank, tmp_path):
         record_module.close()
 
     base, same, other = tmp_path / "base", tmp_path / "same", tmp_path / "other"
-    write("baseline", base, [1, 2, 3, 4])
+    write("uninterrupted", base, [1, 2, 3, 4])
     write("resumed", same, [3, 4])
     write("resumed", other, [3, 4], wrong_at=4)
     return str(base), str(same), str(other)
@@ -58,7 +58,7 @@ def test_show_prints_every_rank_and_step(runs, capsys):
     base, _, _ = runs
     assert main(["show", base, "--steps", "2-3"]) == 0
     out = capsys.readouterr().out
-    assert "rank 0 of 1: phase baseline, split None, 4 steps recorded, complete" in out
+    assert "rank 0 of 1: phase uninterrupted, split None, 4 steps recorded, complete" in out
     assert "  step 2: loss=0.5" in out and "  step 3: loss=0.75" in out
     assert "step 1:" not in out and "rng:" not in out
     assert main(["show", base, "--all", "--steps", "1"]) == 0

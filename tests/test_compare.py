@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from pytest_resume_equiv.compare import compare_runs, span
+from pytest_resume_equiv.compare import compare_runs, step_ranges
 from pytest_resume_equiv.rank.encode import encode
-from pytest_resume_equiv.report import format_comparison, readable
+from pytest_resume_equiv.report import format_comparison
 from pytest_resume_equiv.signature import Signature
+from pytest_resume_equiv.values import readable
 
 
 def sig(rank, phase, steps, world_size=2):
@@ -26,7 +27,9 @@ def run(phase, steps, world_size=2, values=lambda s, r: {"loss": loss_at(s, r)})
 
 
 def test_equal_runs():
-    cmp = compare_runs(run("baseline", range(1, 7)), run("resumed", range(4, 7)), split=3, steps=6)
+    cmp = compare_runs(
+        run("uninterrupted", range(1, 7)), run("resumed", range(4, 7)), split=3, steps=6
+    )
     assert cmp.equal and cmp.compared_steps == 3
     assert format_comparison(cmp) == "split 3: equal on all 2 ranks over 3 steps"
 
@@ -43,7 +46,7 @@ def test_first_divergence_lowest_step_then_rank_then_key():
         return out
 
     base = run(
-        "baseline", range(1, 7), values=lambda s, r: {"a": 1.0, "loss": loss_at(s, r), "z": 0}
+        "uninterrupted", range(1, 7), values=lambda s, r: {"a": 1.0, "loss": loss_at(s, r), "z": 0}
     )
     cmp = compare_runs(base, run("resumed", range(4, 7), values=values), 3, 6)
     div = cmp.divergence
@@ -62,14 +65,14 @@ def test_only_rank_1_differs():
         return {"loss": loss_at(step, rank) + (1.0 if rank == 1 else 0.0)}
 
     cmp = compare_runs(
-        run("baseline", range(1, 7)), run("resumed", range(4, 7), values=values), 3, 6
+        run("uninterrupted", range(1, 7)), run("resumed", range(4, 7), values=values), 3, 6
     )
     assert (cmp.divergence.step, cmp.divergence.rank) == (4, 1)
     assert cmp.divergent_keys == {1: ["loss"]}
 
 
 def test_re_executed_steps():
-    cmp = compare_runs(run("baseline", range(1, 7)), run("resumed", range(1, 7)), 3, 6)
+    cmp = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", range(1, 7)), 3, 6)
     assert not cmp.equal and cmp.divergence is None
     kinds = {(p.kind, p.rank, p.steps) for p in cmp.problems}
     assert kinds == {("re-executed", 0, (1, 2, 3)), ("re-executed", 1, (1, 2, 3))}
@@ -80,47 +83,47 @@ def test_re_executed_steps():
 
 
 def test_shifted_missing_extra_duplicate_out_of_order():
-    shifted = compare_runs(run("baseline", range(1, 7)), run("resumed", range(5, 8)), 3, 6)
+    shifted = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", range(5, 8)), 3, 6)
     assert [p.kind for p in shifted.problems] == ["shifted", "shifted"]
     assert (
         "shifted by +1: it recorded steps 5-7 where the uninterrupted run recorded 4-6"
         in shifted.problems[0].message
     )
 
-    missing = compare_runs(run("baseline", range(1, 7)), run("resumed", [4]), 3, 6)
+    missing = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", [4]), 3, 6)
     assert missing.problems[0].message.startswith(
         "rank 0: the resumed run never recorded steps 5-6 (expected every step 4-6): it stopped early"
     )
-    gap = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 6]), 3, 6)
+    gap = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", [4, 6]), 3, 6)
     assert (
         gap.problems[0].message
         == "rank 0: the resumed run never recorded step 5 (expected every step 4-6)"
     )
 
-    nothing = compare_runs(run("baseline", range(1, 7)), run("resumed", []), 3, 6)
+    nothing = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", []), 3, 6)
     assert nothing.problems[0].message.startswith(
         "rank 0: the resumed run recorded no steps (expected 4-6): it stopped right after loading"
     )
 
-    off_by_one = compare_runs(run("baseline", range(1, 7)), run("resumed", range(3, 7)), 3, 6)
+    off_by_one = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", range(3, 7)), 3, 6)
     assert (
         "re-executed step 3, the step the checkpoint was saved after: the global step counter was saved or restored off by one"
         in off_by_one.problems[0].message
     )
 
-    extra = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 5, 6, 9]), 3, 6)
+    extra = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", [4, 5, 6, 9]), 3, 6)
     assert extra.problems[0].message == "rank 0: the resumed run recorded step 9, past steps=6"
 
-    dup = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 5, 5, 6]), 3, 6)
+    dup = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", [4, 5, 5, 6]), 3, 6)
     assert (
         dup.problems[0].kind == "duplicate"
         and "recorded step 5 more than once" in dup.problems[0].message
     )
 
-    disorder = compare_runs(run("baseline", range(1, 7)), run("resumed", [4, 6, 5]), 3, 6)
+    disorder = compare_runs(run("uninterrupted", range(1, 7)), run("resumed", [4, 6, 5]), 3, 6)
     assert disorder.problems[0].kind == "out-of-order"
 
-    base_short = compare_runs(run("baseline", range(1, 5)), run("resumed", range(4, 7)), 3, 6)
+    base_short = compare_runs(run("uninterrupted", range(1, 5)), run("resumed", range(4, 7)), 3, 6)
     assert (
         base_short.problems[0].message
         == "rank 0: the uninterrupted run never recorded steps 5-6 (it must record every step 1-6)"
@@ -128,7 +131,7 @@ def test_shifted_missing_extra_duplicate_out_of_order():
 
 
 def test_missing_rank_and_missing_key():
-    base = run("baseline", range(1, 7))
+    base = run("uninterrupted", range(1, 7))
     resumed = run("resumed", range(4, 7))
     del resumed[1]
     cmp = compare_runs(base, resumed, 3, 6)
@@ -147,7 +150,7 @@ def test_tensors_nested_values_and_tolerance():
             "d": {"ids": [s, r]},
         }
 
-    base = run("baseline", range(1, 7), values=tensors(0.0))
+    base = run("uninterrupted", range(1, 7), values=tensors(0.0))
     cmp = compare_runs(base, run("resumed", range(4, 7), values=tensors(1e-3)), 3, 6)
     assert (cmp.divergence.step, cmp.divergence.key, cmp.divergence.detail) == (
         5,
@@ -177,7 +180,7 @@ def test_tensors_nested_values_and_tolerance():
 
 
 def test_float_tolerance_and_nan():
-    base = run("baseline", range(1, 5), values=lambda s, r: {"loss": 1.0, "n": float("nan")})
+    base = run("uninterrupted", range(1, 5), values=lambda s, r: {"loss": 1.0, "n": float("nan")})
     near = run("resumed", range(3, 5), values=lambda s, r: {"loss": 1.0 + 1e-9, "n": float("nan")})
     assert not compare_runs(base, near, 2, 4).equal
     assert compare_runs(base, near, 2, 4, [("loss", 1e-6, 0.0)]).equal
@@ -193,4 +196,4 @@ def test_float_tolerance_and_nan():
     ("steps", "text"), [([1, 2, 3], "1-3"), ([5, 1, 2, 7, 8], "1-2, 5, 7-8"), ([4], "4")]
 )
 def test_span(steps, text):
-    assert span(steps) == text
+    assert step_ranges(steps) == text

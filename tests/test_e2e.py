@@ -20,14 +20,14 @@ def test_correct_trainer_passes(trainers):
         def test_two_ranks(resume_equiv):
             outcome = resume_equiv.run(train)
             assert [v.comparison.compared_steps for v in outcome.verdicts] == [3]
-            assert outcome.toothless is None and not outcome.teeth_skipped
+            assert outcome.teeth.status == "passed"
         """
     )
     result = trainers.runpytest_subprocess(*CPU)
     result.assert_outcomes(passed=1)
     # passing tests remove their run directories (--resume-equiv-keep=failed)
     assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
-    assert not list(trainers.path.glob("runpytest-0/resume-equiv-baselines/*"))
+    assert not list(trainers.path.glob("runpytest-0/resume-equiv-shared/*"))
 
 
 def test_cpu_rng_not_restored_fails_at_step_4(trainers):
@@ -48,9 +48,9 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     # -v: a line per launch event; the end of the session: the summary table
     result.stdout.fnmatch_lines(
         [
-            "*resume-equiv: baseline (baseline, 2 ranks): running, step 0/6 recorded on every rank*",
-            "*resume-equiv: baseline (baseline, 2 ranks): ok, step 6/6 recorded on every rank*",
-            "*resume-equiv: resumed-split3 (resumed, 2 ranks): ok, step 6/6 recorded*",
+            "*resume-equiv: uninterrupted (2 ranks): running, step 0/6 recorded on every rank*",
+            "*resume-equiv: uninterrupted (2 ranks): ok, step 6/6 recorded on every rank*",
+            "*resume-equiv: resumed-split3 (2 ranks): ok, step 6/6 recorded*",
             "*= resume equivalence =*",
             "test * ranks * splits * launches * wall * verdict * first divergence",
             "test_rng.py::test_rng * 2 * 3 * 3 * failed * split 3: step 4, rank 0, 'loss'",
@@ -90,16 +90,16 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     )
     (run,) = test["runs"]
     assert [launch["name"] for launch in run["launches"]] == [
-        "baseline",
+        "uninterrupted",
         "resumed-split3",
-        "baseline-control",
+        "uninterrupted-control",
     ]
     (verdict,) = run["verdicts"]
     first = verdict["first_divergence"]
     assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
 
 
-def test_split_list_runs_one_baseline_and_two_resumed_launches(trainers):
+def test_split_list_runs_one_uninterrupted_and_two_resumed_launches(trainers):
     trainers.makepyfile(
         test_splits="""
         from pytest_resume_equiv import resume_equivalent
@@ -113,12 +113,12 @@ def test_split_list_runs_one_baseline_and_two_resumed_launches(trainers):
     )
     result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-keep=all", "-s")
     result.assert_outcomes(passed=1)
-    assert "LAUNCHES ['baseline', 'resumed-split2', 'resumed-split4']" in result.stdout.str()
+    assert "LAUNCHES ['uninterrupted', 'resumed-split2', 'resumed-split4']" in result.stdout.str()
     (root,) = trainers.path.glob("runpytest-0/resume-equiv-test_splits*")
     assert sorted(p.name for p in root.iterdir()) == ["resumed-split2", "resumed-split4"]
     assert oct(root.stat().st_mode & 0o777) == "0o700"
-    # the one baseline lives where other tests with the same launch can reuse it
-    shared = trainers.path / "runpytest-0" / "resume-equiv-baselines"
+    # the one uninterrupted launch lives where other tests with the same launch can reuse it
+    shared = trainers.path / "runpytest-0" / "resume-equiv-shared"
     (baseline,) = [p for p in shared.iterdir() if p.is_dir()]
     assert (baseline / "checkpoints" / "step_2").is_dir()
     assert (baseline / "checkpoints" / "step_4").is_dir()
@@ -211,7 +211,7 @@ def test_missing_checkpoint_is_a_clear_error(trainers):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*the uninterrupted run did not save a checkpoint at */resume-equiv-baselines/*/checkpoints/step_2 (from checkpoint='*/resume-equiv-baselines/*/checkpoints/step_{split}', split=2); the trainer must save there after step 2*",
+            "*the uninterrupted run did not save a checkpoint at */resume-equiv-shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*",
         ]
     )
     assert "resumed-split2" not in result.stdout.str()  # no resumed launch was started
@@ -232,7 +232,7 @@ def test_crashing_rank_shows_its_traceback(trainers):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*the uninterrupted launch (baseline) failed (2 ranks, *",
+            "*the uninterrupted launch (uninterrupted) failed (2 ranks, *",
             "*rank 1: ValueError: boom on rank 1*",  # the rank that failed comes first
             "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
             "*--- last lines of rank 1 stderr (*/logs/rank-1.stderr) ---*",
@@ -388,20 +388,21 @@ def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
         @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
         def test_teeth_off(resume_equiv):
             outcome = resume_equiv.run(toothless)
-            assert [r.spec.name for r in outcome.launches] == ["baseline", "resumed-split2"]
+            assert [r.spec.name for r in outcome.launches] == ["uninterrupted", "resumed-split2"]
 
         @resume_equivalent(steps=5, split=2, nproc=1)
         def test_nothing_random_needs_no_teeth(resume_equiv):
             outcome = resume_equiv.run(no_randomness)
-            assert [r.spec.name for r in outcome.launches] == ["baseline", "resumed-split2"]
-            assert "no audited RNG stream advances" in outcome.teeth_skipped
+            assert [r.spec.name for r in outcome.launches] == ["uninterrupted", "resumed-split2"]
+            assert outcome.teeth.status == "skipped"
+            assert "no audited RNG stream advances" in outcome.teeth.why
         """
     )
     result = trainers.runpytest_subprocess(*CPU)
     result.assert_outcomes(failed=1, passed=2)
     result.stdout.fnmatch_lines(
         [
-            "*this test has no teeth: every RNG stream was perturbed right after step 3 of a resumed run (launch teeth-split2), and the recorded values at steps 4-5 still matched*",
+            "*this test has no teeth: every RNG stream was mutated right after step 3 of a resumed run (launch teeth-split2), and the recorded values at steps 4-5 still matched*",
         ]
     )
     assert "keep dropout on" in result.stdout.str()

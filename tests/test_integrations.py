@@ -22,7 +22,7 @@ class Recorder:
 
     def __init__(self, monkeypatch, module, in_test_run=True):
         self.records, self.watched = [], {}
-        ctx = SimpleNamespace(phase="baseline") if in_test_run else None
+        ctx = SimpleNamespace(phase="uninterrupted") if in_test_run else None
         monkeypatch.setattr(module, "context", lambda: ctx)
         monkeypatch.setattr(module, "record", lambda step, **v: self.records.append((step, v)))
         monkeypatch.setattr(module, "watch", lambda **objects: self.watched.update(objects))
@@ -103,7 +103,7 @@ def test_lightning_callback_records_optimizer_steps_only(monkeypatch):
 
 def _baseline_signature(root: Path) -> Signature:
     """Rank 0's signature of the shared uninterrupted launch under `root`."""
-    shared = root / "runpytest-0" / "resume-equiv-baselines"
+    shared = root / "runpytest-0" / "resume-equiv-shared"
     (run_dir,) = [p for p in shared.iterdir() if p.is_dir() and not p.name.endswith("-control")]
     return read_signature(signature_path(str(run_dir), 0))
 

@@ -3,30 +3,32 @@
 import os
 
 import pytest
+from plan_helpers import plan_for
 
-from pytest_resume_equiv.orchestrate import (
-    PlanInputs,
-    ResumeEquivError,
-    build_plan,
+from pytest_resume_equiv.errors import ResumeEquivError
+from pytest_resume_equiv.plan import (
+    RunRequest,
     fill,
+    launch_key,
     target_from_argv,
     target_from_callable,
 )
-from pytest_resume_equiv.settings import parse_marker
-
-
-def inputs(tmp_path, **marker):
-    spec = parse_marker((), {"steps": 6, "split": 3, **marker})
-    return PlanInputs(spec, str(tmp_path), "cpu", "gloo", 30.0, {}, seed=7)
 
 
 def train(ctx):
     """A module-level function, as function mode needs."""
 
 
+def build(
+    tmp_path, command, checkpoint="{run_dir}/checkpoints/step_{split}", resume_args=(), **marker
+):
+    request = RunRequest(command, checkpoint, resume_args, seed=7)
+    return plan_for(tmp_path, command, request=request, **marker)[1]
+
+
 def test_command_mode_placeholders(tmp_path):
-    plan = build_plan(
-        inputs(tmp_path),
+    plan = build(
+        tmp_path,
         [
             "-m",
             "trainer",
@@ -39,9 +41,9 @@ def test_command_mode_placeholders(tmp_path):
         checkpoint="{run_dir}/ckpt/{split}",
         resume_args=["--resume={checkpoint}"],
     )
-    (base,) = plan.baselines
+    (base,) = plan.uninterrupted
     (resumed,) = plan.resumed
-    base_dir, res_dir = str(tmp_path / "baseline"), str(tmp_path / "resumed-split3")
+    base_dir, res_dir = str(tmp_path / "uninterrupted"), str(tmp_path / "resumed-split3")
     assert base.spec.target.kind == "module" and base.spec.target.name == "trainer"
     assert base.spec.target.args == (
         "--steps=6",
@@ -53,31 +55,34 @@ def test_command_mode_placeholders(tmp_path):
     assert resumed.spec.target.args[-1] == f"--resume={base_dir}/ckpt/3"
     assert resumed.spec.target.args[1] == f"--out={res_dir}"
     assert resumed.checkpoint == f"{base_dir}/ckpt/3"
-    assert resumed.spec.context["phase"] == "resumed" and resumed.spec.context["split"] == 3
-    assert base.spec.context["checkpoint"] == f"{base_dir}/ckpt/3"
+    assert resumed.spec.context.phase == "resumed" and resumed.spec.context.split == 3
+    assert base.spec.context.checkpoint == f"{base_dir}/ckpt/3"
 
 
 def test_splits_share_a_baseline_unless_the_command_uses_split(tmp_path):
-    shared = build_plan(inputs(tmp_path, split=[2, 4]), ["t.py", "--save-at={splits}"])
-    assert [b.spec.name for b in shared.baselines] == ["baseline"]
+    shared = build(tmp_path, ["t.py", "--save-at={splits}"], split=[2, 4])
+    assert [b.spec.name for b in shared.uninterrupted] == ["uninterrupted"]
     assert [r.spec.name for r in shared.resumed] == ["resumed-split2", "resumed-split4"]
-    assert shared.baselines[0].spec.target.args == ("--save-at=2,4",)
+    assert shared.uninterrupted[0].spec.target.args == ("--save-at=2,4",)
     assert [r.checkpoint for r in shared.resumed] == [
-        os.path.join(str(tmp_path), "baseline", "checkpoints", f"step_{s}") for s in (2, 4)
+        os.path.join(str(tmp_path), "uninterrupted", "checkpoints", f"step_{s}") for s in (2, 4)
     ]
 
-    separate = build_plan(inputs(tmp_path, split=[2, 4]), ["t.py", "--save-every={split}"])
-    assert [b.spec.name for b in separate.baselines] == ["baseline-split2", "baseline-split4"]
-    assert separate.resumed[1].baseline is separate.baselines[1]
+    separate = build(tmp_path, ["t.py", "--save-every={split}"], split=[2, 4])
+    assert [b.spec.name for b in separate.uninterrupted] == [
+        "uninterrupted-split2",
+        "uninterrupted-split4",
+    ]
+    assert separate.resumed[1].uninterrupted is separate.uninterrupted[1]
 
 
 def test_function_mode(tmp_path):
-    plan = build_plan(inputs(tmp_path, nproc=1), train)
-    target = plan.baselines[0].spec.target
+    plan = build(tmp_path, train, nproc=1)
+    target = plan.uninterrupted[0].spec.target
     assert target.kind == "call" and target.name == f"{__name__}:train"
     assert os.path.exists(os.path.join(target.pythonpath[0], *__name__.split(".")) + ".py")
     with pytest.raises(ResumeEquivError, match="resume_args= applies to command mode only"):
-        build_plan(inputs(tmp_path), train, resume_args=["--x"])
+        build(tmp_path, train, resume_args=["--x"])
 
 
 def test_callables_must_be_importable_by_name():
@@ -107,19 +112,19 @@ def test_callables_must_be_importable_by_name():
 )
 def test_bad_commands(tmp_path, command, message):
     with pytest.raises(ResumeEquivError) as err:
-        build_plan(inputs(tmp_path), command)
+        build(tmp_path, command)
     assert message in str(err.value)
 
 
 def test_bad_checkpoint_and_resume_args(tmp_path):
     with pytest.raises(ResumeEquivError, match="checkpoint= must be a path template string"):
-        build_plan(inputs(tmp_path), ["t.py"], checkpoint=3)
+        build(tmp_path, ["t.py"], checkpoint=3)
     with pytest.raises(
         ResumeEquivError, match="unknown placeholder {ckpt} in resume_args argument"
     ):
-        build_plan(inputs(tmp_path), ["t.py"], resume_args=["--from={ckpt}"])
+        build(tmp_path, ["t.py"], resume_args=["--from={ckpt}"])
     with pytest.raises(ResumeEquivError, match="resume_args must be a list"):
-        build_plan(inputs(tmp_path), ["t.py"], resume_args="--from={checkpoint}")
+        build(tmp_path, ["t.py"], resume_args="--from={checkpoint}")
 
 
 def test_fill_lists_valid_placeholders():
@@ -129,5 +134,86 @@ def test_fill_lists_valid_placeholders():
 
 
 def test_argv_targets():
-    assert target_from_argv(["train.py", "--a"]).display() == "train.py --a"
-    assert target_from_argv(["-m", "pkg.train", "--a"]).display() == "-m pkg.train --a"
+    script = target_from_argv(["train.py", "--a"])
+    assert (script.kind, script.name, script.args) == ("script", "train.py", ("--a",))
+    module = target_from_argv(["-m", "pkg.train", "--a"])
+    assert (module.kind, module.name, module.args) == ("module", "pkg.train", ("--a",))
+
+
+def test_literal_braces_stay_literal_in_every_template(tmp_path):
+    """`{{split}}` is a literal `{split}` in a command, a resume argument and a checkpoint
+    path alike, in the plan and in the rank's `checkpoint_for`."""
+    plan = build(
+        tmp_path,
+        ["t.py", "--tag={{split}}-{split}"],
+        checkpoint="{run_dir}/ckpt/{{split}}/{split}",
+        resume_args=["--from={checkpoint}", "--literal={{checkpoint}}"],
+    )
+    (base,) = plan.uninterrupted
+    (resumed,) = plan.resumed
+    base_dir = str(tmp_path / "uninterrupted")
+    assert base.spec.target.args == ("--tag={split}-3",)
+    assert resumed.checkpoint == f"{base_dir}/ckpt/{{split}}/3"
+    assert resumed.spec.target.args[1:] == (
+        f"--from={base_dir}/ckpt/{{split}}/3",
+        "--literal={checkpoint}",
+    )
+    ctx = resumed.spec.context
+    assert ctx.checkpoint_template == "{run_dir}/ckpt/{{split}}/{split}"
+    from pytest_resume_equiv.rank.context import RunContext
+
+    rank_ctx = RunContext(**{**vars(base.spec.context)})
+    assert rank_ctx.checkpoint_for(5) == f"{base_dir}/ckpt/{{split}}/5"
+
+
+def test_the_uninterrupted_identity_ignores_the_timeout_and_the_test_directory(tmp_path):
+    """Two tests that differ only in their timeout (or their own run directory) share one
+    uninterrupted launch; one that differs in what the launch does gets its own."""
+
+    def key(root, **marker):
+        plan = plan_for(
+            root, ["t.py", "--steps={steps}"], shared_root=str(tmp_path / "s"), **marker
+        )[1]
+        (launch,) = plan.uninterrupted
+        assert launch.shared and launch.spec.run_dir.startswith(str(tmp_path / "s"))
+        return os.path.basename(launch.spec.run_dir)
+
+    base = key(tmp_path / "a", timeout=30)
+    assert key(tmp_path / "b", timeout=90) == base
+    assert key(tmp_path / "c") == base
+    assert key(tmp_path / "d", steps=7) != base
+    assert key(tmp_path / "e", nproc=1) != base
+    settings, plan = plan_for(tmp_path / "f", ["t.py"], shared_root=str(tmp_path / "s"))
+    spec = plan.uninterrupted[0].spec
+    assert launch_key(spec, str(tmp_path / "f")) == launch_key(spec, str(tmp_path / "f"))
+
+
+def test_plan_roles_controls_and_teeth(tmp_path):
+    plan = build(tmp_path, train, split=[2, 5])
+    assert [p.role for p in plan.all_launches] == [
+        "uninterrupted",
+        "resumed",
+        "resumed",
+        "teeth",
+        "control",
+    ]
+    assert plan.teeth.name == "teeth-split2" and plan.teeth.spec.context.phase == "teeth"
+    assert plan.controls["uninterrupted"].uninterrupted is plan.uninterrupted[0]
+    assert plan.controls["uninterrupted"].spec.context.phase == "uninterrupted"
+    assert build(tmp_path, train, split=5).teeth_off.startswith("needs steps >= split + 2")
+    off = build(tmp_path, train, rng_mutation=False)
+    assert (
+        off.teeth is None
+        and off.teeth_off == "turned off (marker @resume_equivalent(rng_mutation=...))"
+    )
+
+
+def test_interrupt_modes_plan_a_first_launch_per_split(tmp_path):
+    stop = build(tmp_path, train, interrupt="stop", split=[2, 4])
+    assert [p.name for p in stop.interrupted] == ["interrupted-split2", "interrupted-split4"]
+    assert [p.spec.context.steps for p in stop.interrupted] == [2, 4]
+    assert stop.resumed[1].source is stop.interrupted[1]
+    assert stop.resumed[1].uninterrupted is stop.uninterrupted[0]
+    assert "/interrupted-split4/" in stop.resumed[1].checkpoint
+    kill = build(tmp_path, train, interrupt="kill")
+    assert kill.interrupted[0].kill_after == 4 and kill.interrupted[0].spec.context.steps == 6

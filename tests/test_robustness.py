@@ -11,7 +11,7 @@ import time
 import pytest
 from helpers import CPU, processes_mentioning
 
-from pytest_resume_equiv.launch import stuck_where
+from pytest_resume_equiv.outcomes import stuck_where
 from pytest_resume_equiv.rank.layout import log_path
 from pytest_resume_equiv.stacks import faulthandler_frames, py_spy_dump, py_spy_frames, summary
 
@@ -100,7 +100,7 @@ def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failu
     result.stdout.fnmatch_lines(
         [
             "*ResumeEquivWarning: * rank(s) died during interpreter shutdown after their work was "
-            "done and their signatures were closed, so the comparison stands: baseline rank 0: "
+            "done and their signatures were closed, so the comparison stands: uninterrupted rank 0: "
             "finished its work and closed its signature, then died during interpreter shutdown "
             "(killed by SIGABRT)*",
         ]
@@ -175,13 +175,13 @@ def test_interrupt_modes_stop_and_kill(trainers):
         def test_stop(resume_equiv):
             outcome = resume_equiv.run(train)
             names = [r.spec.name for r in outcome.launches]
-            assert sorted(names) == ["baseline", "interrupted-split2", "resumed-split2"]
+            assert sorted(names) == ["interrupted-split2", "resumed-split2", "uninterrupted"]
 
         @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False, interrupt="kill")
         def test_kill(resume_equiv):
             outcome = resume_equiv.run(train)
             (first,) = [r for r in outcome.launches if r.spec.name == "interrupted-split2"]
-            assert first.killed_on_purpose == 3
+            assert first.killed_after_step == 3
 
         @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False, interrupt="kill")
         def test_kill_background_save(resume_equiv):

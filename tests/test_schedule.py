@@ -1,327 +1,154 @@
-"""The launch scheduler, with fake launches: gates, concurrency, extra launches, cleanup.
-
-A fake launch "runs" for a few scheduler ticks and then writes the signature a trainer would
-have written, so these tests check ordering and bookkeeping without starting processes.
-"""
-
-import json
-import os
+"""The scheduler's mechanics with fake handles: start ahead, gates after needs, parallelism,
+jobs added and cancelled by the handler, and nothing left running whatever happens."""
 
 import pytest
+from plan_helpers import plan_for
 
-from pytest_resume_equiv.launch import LaunchResult, RankOutcome
-from pytest_resume_equiv.orchestrate import (
-    LaunchFailed,
-    PlanInputs,
-    ResumeEquivError,
-    build_plan,
-    execute,
-)
-from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
-from pytest_resume_equiv.settings import parse_marker
+from pytest_resume_equiv.launch import LaunchResult
+from pytest_resume_equiv.outcomes import RankOutcome
+from pytest_resume_equiv.schedule import Scheduler
 
 
 def train(ctx):
-    """Stands in for a trainer: the fakes below never import or call it."""
+    """Stands in for a trainer: nothing here runs it."""
 
 
-def header(rank, world_size):
-    head = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "phase": "x"}
-    return json.dumps({**head, "rank": rank, "world_size": world_size}) + "\n"
+class Fake:
+    """A launch that finishes on its `ticks`-th poll after its gate opened."""
 
-
-class Machine:
-    """Fake launches plus a log of what happened in which order."""
-
-    def __init__(self, ticks=3, diverge=(), fail=(), rng_moves=True, perturb_matters=True):
-        self.ticks = ticks
-        self.diverge = set(diverge)
-        self.fail = set(fail)
-        self.rng_moves = rng_moves
-        self.perturb_matters = perturb_matters
-        self.events = []
-        self.handles = []
-
-    def start(self, planned, gated):
-        handle = FakeLaunch(self, planned, gated)
-        self.handles.append(handle)
-        self.events.append(("start", planned.spec.name, gated))
-        return handle
-
-    def running_now(self):
-        return [h.name for h in self.handles if h.running and h.result is None and not h.killed]
-
-
-class FakeLaunch:
-    def __init__(self, machine, planned, gated):
-        self.machine = machine
-        self.planned = planned
-        self.name = planned.spec.name
-        self.running = not gated
-        self.left = machine.ticks
-        self.result = None
-        self.killed = False
-        self.steps = None
+    def __init__(self, log, planned, gated, ticks):
+        self.log, self.planned, self.gate_open, self.ticks = log, planned, not gated, ticks
+        self.killed = self.finished = False
+        log.append(("start", planned.name, gated))
 
     def open_gate(self):
-        self.running = True
-        self.machine.events.append(("gate", self.name, tuple(self.machine.running_now())))
+        self.gate_open = True
+        self.log.append(("gate", self.planned.name))
 
     def poll(self):
-        """One tick: write the next step's record on every rank, or finish."""
-        if self.result is not None:
-            return self.result
-        assert self.running
+        assert self.gate_open and not self.killed
+        self.ticks -= 1
+        if self.ticks > 0:
+            return None
+        self.finished = True
         spec = self.planned.spec
-        ctx = spec.context
-        phase, split = ctx["phase"], ctx["split"]
-        if self.steps is None:
-            first = split + 1 if phase in ("resumed", "mutated") else 1
-            self.steps = list(range(first, ctx["steps"] + 1))
-            for rank in range(spec.world_size):
-                os.makedirs(os.path.dirname(signature_path(spec.run_dir, rank)), exist_ok=True)
-                with open(signature_path(spec.run_dir, rank), "w") as f:
-                    f.write(header(rank, spec.world_size))
-        self.left -= 1
-        if self.left > 0:
-            return None
-        if self.steps:
-            step = self.steps.pop(0)
-            wrong = self.name in self.machine.diverge and step > split + 1
-            perturbed = phase == "mutated" and self.machine.perturb_matters and step > split + 1
-            value = step * 0.5 + (1.0 if wrong else 0.0) + (2.0 if perturbed else 0.0)
-            rng = {"cpu": f"s{step}" if self.machine.rng_moves else "fixed"}
-            for rank in range(spec.world_size):
-                with open(signature_path(spec.run_dir, rank), "a") as f:
-                    f.write(json.dumps({"rng": rng, "step": step, "values": {"loss": value}}))
-                    f.write("\n")
-            if phase in ("baseline", "interrupted") and step in ctx["splits"]:
-                os.makedirs(ctx["checkpoint_template"].replace("{split}", str(step)))
-            self.left = 1
-            return None
-        for rank in range(spec.world_size):
-            with open(signature_path(spec.run_dir, rank), "a") as f:
-                f.write(json.dumps({"end": {"records": 0}}) + "\n")
-        ok = self.name not in self.machine.fail
-        self.result = LaunchResult(
-            spec=spec,
-            returncodes=[0 if ok else 1],
-            timed_out=False,
-            duration=0.0,
-            ranks=[RankOutcome(r, "ok" if ok else "error") for r in range(spec.world_size)],
-            command="fake",
-        )
-        self.machine.events.append(("done", self.name))
-        return self.result
+        return LaunchResult(spec, [0], False, 0.0, [RankOutcome(0, "ok")], "fake")
 
     def kill(self):
-        if self.result is None and not self.killed:
+        if not self.killed and not self.finished:
             self.killed = True
-            self.machine.events.append(("kill", self.name))
-            spec = self.planned.spec
-            self.result = LaunchResult(spec, [-9], False, 0.0, [], command="fake")
+            self.log.append(("kill", self.planned.name))
 
 
-def plan_for(tmp_path, rng_mutation=True, **marker):
-    spec = parse_marker((), {"steps": 6, "split": 3, "nproc": 1, **marker})
-    inputs = PlanInputs(spec, str(tmp_path), "cpu", "gloo", 30.0, {}, seed=7)
-    inputs.rng_mutation = rng_mutation
-    return spec, build_plan(inputs, train)
+def starter(log, ticks=2, refuse=()):
+    handles = []
 
-
-def run(tmp_path, machine, parallel=1, prefetch=1, **marker):
-    spec, plan = plan_for(tmp_path, **marker)
-    outcome = execute(
-        plan, spec, start=machine.start, parallel=parallel, prefetch=prefetch, poll_interval=0
-    )
-    return outcome
-
-
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_resumed_launch_is_prestarted_but_gated_until_the_baseline_exits(tmp_path, parallel):
-    machine = Machine()
-    outcome = run(tmp_path, machine, parallel=parallel, rng_mutation=False)
-    assert outcome.equal
-    events = machine.events
-    assert ("start", "resumed-split3", True) in events
-    started = events.index(("start", "resumed-split3", True))
-    assert started < events.index(("done", "baseline"))  # imports overlap the baseline
-    gate = next(i for i, e in enumerate(events) if e[:2] == ("gate", "resumed-split3"))
-    assert gate > events.index(("done", "baseline"))  # never reads a checkpoint in progress
-
-
-def test_no_more_than_parallel_launches_run_at_once(tmp_path):
-    for parallel in (1, 2):
-        machine = Machine()
-        outcome = run(tmp_path / str(parallel), machine, parallel=parallel, split=[1, 2, 3, 4])
-        assert [v.split for v in outcome.verdicts] == [1, 2, 3, 4]
-        gates = [e for e in machine.events if e[0] == "gate"]
-        assert max(len(e[2]) for e in gates) == parallel
-        started_gated = [e for e in machine.events if e[0] == "start" and e[2]]
-        assert started_gated
-
-
-def test_teeth_check_runs_after_equal_resumes_and_catches_toothless_signatures(tmp_path):
-    machine = Machine(perturb_matters=False)
-    outcome = run(tmp_path, machine)
-    assert outcome.resume_equal and outcome.toothless is not None and not outcome.equal
-    assert ("done", "teeth-split3") in machine.events
-
-
-def test_teeth_check_is_skipped_when_no_rng_stream_moves(tmp_path):
-    machine = Machine(rng_moves=False, perturb_matters=False)
-    outcome = run(tmp_path, machine)
-    assert outcome.equal and "no audited RNG stream advances" in outcome.teeth_skipped
-    assert not any(e[1] == "teeth-split3" and e[0] in ("gate", "done") for e in machine.events)
-
-
-def test_a_divergence_cancels_the_teeth_check_and_runs_the_determinism_control(tmp_path):
-    machine = Machine(diverge={"resumed-split3"})
-    outcome = run(tmp_path, machine, parallel=2)
-    assert not outcome.resume_equal and outcome.nondeterministic is None
-    assert ("done", "baseline-control") in machine.events
-    assert not any(e[:2] == ("done", "teeth-split3") for e in machine.events)
-
-
-def test_a_passing_test_runs_no_determinism_control(tmp_path):
-    machine = Machine()
-    run(tmp_path, machine)
-    assert not any(e[1] == "baseline-control" for e in machine.events)
-
-
-def test_a_failed_baseline_kills_every_prestarted_launch(tmp_path):
-    machine = Machine(fail={"baseline"})
-    with pytest.raises(LaunchFailed) as info:
-        run(tmp_path, machine, split=[2, 3])
-    assert info.value.result.spec.name == "baseline"
-    assert ("kill", "resumed-split2") in machine.events
-    assert all(h.result is not None or h.killed for h in machine.handles)
-
-
-def test_missing_checkpoint_is_reported_before_any_resumed_launch_runs(tmp_path):
-    machine = Machine()
-    spec, plan = plan_for(tmp_path, rng_mutation=False)
-    original = FakeLaunch.poll
-
-    def no_checkpoint(self):
-        result = original(self)
-        if result is not None and self.name == "baseline":
-            os.rmdir(plan.resumed[0].checkpoint)
-        return result
-
-    FakeLaunch.poll = no_checkpoint
-    try:
-        with pytest.raises(ResumeEquivError, match="did not save a checkpoint"):
-            execute(plan, spec, start=machine.start, poll_interval=0)
-    finally:
-        FakeLaunch.poll = original
-    assert not any(e[:2] == ("gate", "resumed-split3") for e in machine.events)
-    assert ("kill", "resumed-split3") in machine.events
-
-
-def test_ctrl_c_while_waiting_kills_every_started_launch(tmp_path):
-    machine = Machine(ticks=1000)
-    spec, plan = plan_for(tmp_path)
-    calls = {"n": 0}
-    original = FakeLaunch.poll
-
-    def interrupted(self):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return original(self)
-
-    FakeLaunch.poll = interrupted
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            execute(plan, spec, start=machine.start, poll_interval=0)
-    finally:
-        FakeLaunch.poll = original
-    assert machine.handles and all(h.killed for h in machine.handles)
-
-
-def test_a_device_that_is_not_free_yet_delays_the_start(tmp_path):
-    machine = Machine()
-    refusals = {"n": 0}
-
-    def busy_then_free(planned, gated):
-        if planned.spec.name.startswith("resumed") and refusals["n"] < 3:
-            refusals["n"] += 1
+    def start(planned, gated):
+        if planned.name in refuse:
             return None
-        return machine.start(planned, gated)
+        handles.append(Fake(log, planned, gated, ticks))
+        return handles[-1]
 
-    spec, plan = plan_for(tmp_path, rng_mutation=False)
-    outcome = execute(plan, spec, start=busy_then_free, poll_interval=0)
-    assert outcome.equal and refusals["n"] == 3
-
-
-def test_interrupt_stop_resumes_from_a_first_launch_that_ends_at_the_split(tmp_path):
-    machine = Machine()
-    outcome = run(tmp_path, machine, rng_mutation=False, interrupt="stop")
-    assert outcome.equal
-    first = next(h for h in machine.handles if h.name == "interrupted-split3")
-    assert first.planned.spec.context["steps"] == 3  # {steps} is the split: it stops there
-    gate = next(i for i, e in enumerate(machine.events) if e[:2] == ("gate", "resumed-split3"))
-    assert gate > machine.events.index(("done", "interrupted-split3"))
-    assert gate > machine.events.index(("done", "baseline"))
-    resumed = next(h for h in machine.handles if h.name == "resumed-split3")
-    assert "/interrupted-split3/" in resumed.planned.checkpoint
+    return start, handles
 
 
-def test_interrupt_kill_kills_the_first_launch_after_the_step_after_the_split(tmp_path):
-    machine = Machine()
-    outcome = run(tmp_path, machine, rng_mutation=False, interrupt="kill")
-    assert outcome.equal
-    assert ("kill", "interrupted-split3") in machine.events
-    first = next(h for h in machine.handles if h.name == "interrupted-split3")
-    assert first.steps == [5, 6]  # steps 1-4 recorded, then SIGKILLed
-    (killed,) = [r for r in outcome.launches if r.spec.name == "interrupted-split3"]
-    assert killed.killed_on_purpose == 4
+def test_a_launch_waits_at_its_gate_until_what_it_needs_was_handled(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
+    log = []
+    start, _ = starter(log)
+    scheduler = Scheduler(start, parallel=2, prefetch=1, poll_interval=0)
+    for planned in plan.launches:
+        scheduler.add(planned)
+    scheduler.run(lambda job, result: log.append(("done", job.name)))
+    assert log.index(("start", "resumed-split3", True)) < log.index(("done", "uninterrupted"))
+    assert log.index(("gate", "resumed-split3")) > log.index(("done", "uninterrupted"))
+    assert log[-1] == ("done", "resumed-split3")
 
 
-def test_each_accelerator_launch_leases_its_own_devices(tmp_path, monkeypatch):
-    """Launches that run side by side (or in other xdist workers) get disjoint devices through
-    their visible-devices variable; a launch waits while none are free."""
-    from types import SimpleNamespace
+def test_no_more_than_parallel_launches_run_and_prefetch_start_ahead(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, split=[1, 2, 3, 4], rng_mutation=False)
+    log, running, most = [], set(), [0]
+    start, _ = starter(log, ticks=3)
 
-    from pytest_resume_equiv import fixtures
-    from pytest_resume_equiv.devices import Device
+    def done(job, result):
+        running.discard(job.name)
 
-    started = []
+    scheduler = Scheduler(start, parallel=2, prefetch=1, poll_interval=0)
+    for planned in plan.launches:
+        scheduler.add(planned)
+    while any(not j.done for j in scheduler.jobs):
+        scheduler.loop_once(done)
+        running.update(j.name for j in scheduler.jobs if j.started and j.handle.gate_open)
+        most[0] = max(most[0], len(running))
+        waiting = [j for j in scheduler.jobs if j.started and not j.handle.gate_open]
+        assert len(waiting) <= 1
+    assert most[0] == 2
 
-    class FakeRunning:
-        def __init__(self, spec, gated):
-            self.spec, self.running = spec, not gated
-            started.append(spec.env["CUDA_VISIBLE_DEVICES"])
 
-        def poll(self):
-            return None
+def test_the_handler_adds_and_cancels_jobs_while_the_loop_runs(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1)
+    log = []
+    start, handles = starter(log, ticks=5)
+    scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
+    for planned in [*plan.launches, plan.teeth]:
+        scheduler.add(planned)
 
-        def kill(self):
-            pass
+    def done(job, result):
+        log.append(("done", job.name))
+        if job.name == "uninterrupted":
+            scheduler.cancel(plan.teeth)
+            scheduler.add(plan.controls["uninterrupted"])
 
-    monkeypatch.setattr(fixtures, "RunningLaunch", FakeRunning)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    spec = parse_marker((), {"steps": 6, "split": [2, 3, 4], "nproc": 1})
-    prepared = SimpleNamespace(
-        spec=spec,
-        device=Device("cuda", "nccl", 2),
-        timeout=SimpleNamespace(value=30.0),
-        rng_mutation=False,
-        strict_shutdown=False,
+    scheduler.run(done)
+    names = [e[1] for e in log if e[0] == "done"]
+    assert names == ["uninterrupted", "resumed-split3", "uninterrupted-control"]
+    assert not any(e == ("gate", "teeth-split3") for e in log)
+    assert all(h.killed or h.finished for h in handles)
+
+
+def test_a_handler_error_kills_every_started_launch(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, split=[2, 3])
+    log = []
+    start, handles = starter(log)
+    scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
+    for planned in plan.launches:
+        scheduler.add(planned)
+
+    def done(job, result):
+        raise RuntimeError("judged bad")
+
+    with pytest.raises(RuntimeError, match="judged bad"):
+        scheduler.run(done)
+    assert handles and all(h.killed for h in handles[1:])
+    assert ("kill", "resumed-split2") in log
+
+
+def test_a_refused_start_is_asked_again(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
+    log, refuse = [], {"resumed-split3"}
+    start, _ = starter(log, refuse=refuse)
+    scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
+    for planned in plan.launches:
+        scheduler.add(planned)
+    turns = 0
+    while any(not j.done for j in scheduler.jobs):
+        scheduler.loop_once(lambda job, result: None)
+        turns += 1
+        if turns == 5:
+            refuse.clear()  # the devices came free
+    assert ("start", "resumed-split3", True) in log and turns > 5
+
+
+def test_progress_lines_name_the_launch_its_ranks_and_its_steps(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=2, rng_mutation=False)
+    log, lines = [], []
+    start, _ = starter(log)
+    scheduler = Scheduler(start, poll_interval=0, on_progress=lines.append)
+    for planned in plan.launches:
+        scheduler.add(planned)
+    scheduler.run(lambda job, result: None)
+    assert lines[0].startswith(
+        "uninterrupted (2 ranks): running, step 0/6 recorded on every rank, "
     )
-    root = fixtures.RunRoot(str(tmp_path), "failed")
-    fixture = fixtures.ResumeEquiv(prepared, root, lambda text: None)
-    fixture.lease_dir = str(tmp_path / "leases")
-    assert fixture._parallel() == (2, 0)  # two launches fit on two devices, none spare
-    plan = build_plan(PlanInputs(spec, str(tmp_path), "cuda", "nccl", 30.0, {}, seed=1), train)
-    start = fixture._starter()
-    first = start(plan.resumed[0], False)
-    second = start(plan.resumed[1], False)
-    assert start(plan.resumed[2], False) is None  # both devices taken: ask again later
-    assert sorted(started) == ["0", "1"]
-    first.kill()  # its devices go back
-    third = start(plan.resumed[2], False)
-    assert third is not None and started[-1] == started[0]
-    second.kill()
-    third.kill()
+    assert lines[1].startswith("uninterrupted (2 ranks): ok, step 0/6 recorded on every rank, ")
+    assert lines[2].startswith("resumed-split3 (2 ranks): running, step 0/6")

@@ -10,6 +10,7 @@ from pytest_resume_equiv.settings import (
     parse_marker,
     resolve,
     resolve_session,
+    resolve_test,
 )
 
 TIMEOUT = OPTIONS["timeout"]
@@ -21,8 +22,34 @@ def test_precedence_default_ini_env_cli_marker():
     env = {"PYTEST_RESUME_EQUIV_TIMEOUT": "40"}
     assert resolve(TIMEOUT, ("30", "tox.ini"), env, None).value == 40.0
     assert resolve(TIMEOUT, ("30", "tox.ini"), env, "50").value == 50.0
-    got = resolve(TIMEOUT, ("30", "tox.ini"), env, "50", marker=60)
-    assert (got.value, got.source) == (60.0, "marker @resume_equivalent(timeout=...)")
+
+
+def test_the_marker_is_the_top_layer_of_a_tests_settings():
+    config = FakeConfig(ini={"resume_equiv_timeout": "30"}, cli={"resume_equiv_timeout": "50"})
+    session = resolve_session(config, env={"PYTEST_RESUME_EQUIV_RNG_MUTATION": "false"})
+    plain = resolve_test(session, (), {"steps": 6, "split": 3})
+    assert (plain.timeout, plain.sources["timeout"]) == (
+        50.0,
+        "command line --resume-equiv-timeout",
+    )
+    assert plain.describe("rng_mutation") == (
+        "False (environment variable PYTEST_RESUME_EQUIV_RNG_MUTATION)"
+    )
+    marked = resolve_test(
+        session, (), {"steps": 6, "split": 3, "timeout": 60, "rng_mutation": True}
+    )
+    assert (marked.timeout, marked.sources["timeout"]) == (
+        60.0,
+        "marker @resume_equivalent(timeout=...)",
+    )
+    assert marked.rng_mutation is True
+    assert (marked.marker.steps, marked.marker.splits, marked.keep) == (6, (3,), "failed")
+
+
+def test_an_invalid_session_option_fails_every_marked_test():
+    session = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_TIMEOUT": "soon"})
+    with pytest.raises(SettingError, match="^pytest-resume-equiv: invalid timeout 'soon' from env"):
+        resolve_test(session, (), {"steps": 6, "split": 3})
 
 
 def test_empty_env_value_is_unset():

@@ -13,7 +13,7 @@ from trainers import _loop
 
 def _count(ctx):
     # Every uninterrupted launch leaves one line: how many baselines really ran.
-    if ctx.phase == "baseline" and ctx.rank == 0:
+    if ctx.phase == "uninterrupted" and ctx.rank == 0:
         with open(os.environ["BASELINE_COUNTER"], "a") as f:
             f.write(f"{ctx.steps}\\n")
 
@@ -25,7 +25,7 @@ def train_counting(ctx):
 
 def train_counting_forgets_rng(ctx):
     _count(ctx)
-    _loop(ctx, restore_rng=ctx.phase == "baseline")
+    _loop(ctx, restore_rng=ctx.phase == "uninterrupted")
 """
 
 
@@ -39,9 +39,9 @@ def counting(trainers, monkeypatch, tmp_path):
 
 @pytest.mark.long(45)
 def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
-    """pytest -n 2 with 5 resume tests at once: the four with the same launch run it once
-    (one worker runs it, the other waits and reuses it), the one with other steps gets its
-    own; no run directory is shared by accident, no port collides, nothing is left running,
+    """pytest -n 2 with 6 resume tests at once: the five with the same launch (one of them
+    with another timeout) run it once (one worker runs it, the other waits and reuses it),
+    the one with other steps gets its own; no run directory is shared by accident, no port collides, nothing is left running,
     the JSON report is one file, and passing tests remove the shared baselines."""
     pytest.importorskip("xdist")
     pytester, counter = counting
@@ -61,29 +61,34 @@ def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
         def test_many(resume_equiv, n):
             launch(resume_equiv)
 
+        @resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False, timeout=300)
+        def test_longer_timeout(resume_equiv):
+            launch(resume_equiv)  # the timeout bounds the launch: it is still the same launch
+
         @resume_equivalent(steps=4, split=1, nproc=1, rng_mutation=False)
         def test_other_steps(resume_equiv):
             launch(resume_equiv)
         """
     )
     result = pytester.runpytest_subprocess(*CPU, "-n", "2", "-rP", "--resume-equiv-report=r.json")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     assert sorted(counter.read_text().split()) == ["3", "4"]  # 2 uninterrupted launches ran
     assert "(reused: run for test_share.py::test_many[" in result.stdout.str()
     dirs = [line.split()[1:] for line in result.stdout.lines if line.startswith("RUN_DIR ")]
     resumed = {path for name, path in dirs if name.startswith("resumed")}
-    baselines = {path for name, path in dirs if name == "baseline"}
-    assert len(dirs) == 10 and len(resumed) == 5 and len(baselines) == 2
+    baselines = {path for name, path in dirs if name == "uninterrupted"}
+    assert len(dirs) == 12 and len(resumed) == 6 and len(baselines) == 2
     assert processes_mentioning(str(pytester.path)) == []
     # one JSON report for the whole session, the workers' tests merged by the controller
     report = json.loads((pytester.path / "r.json").read_text())
     assert [t["test"] for t in report["tests"]] == [
+        "test_share.py::test_longer_timeout",
         *(f"test_share.py::test_many[{n}]" for n in range(4)),
         "test_share.py::test_other_steps",
     ]
-    assert sum(t["reused_launches"] for t in report["tests"]) == 3
+    assert sum(t["reused_launches"] for t in report["tests"]) == 4
     assert not list(pytester.path.glob("r.json.*"))
-    assert not list(pytester.path.glob("runpytest-0/resume-equiv-baselines/*"))
+    assert not list(pytester.path.glob("runpytest-0/resume-equiv-shared/*"))
 
 
 @pytest.mark.long(25)
@@ -103,5 +108,5 @@ def test_a_failed_test_keeps_the_shared_baseline_it_used(counting):
     result.assert_outcomes(failed=1)
     line = next(x for x in result.stdout.lines if "uninterrupted: " in x)
     kept = pytester.path.joinpath(line.split("uninterrupted: ", 1)[1].strip())
-    assert kept.parent.name == "resume-equiv-baselines"
+    assert kept.parent.name == "resume-equiv-shared"
     assert (kept / "signatures" / "rank-0.jsonl").exists() and (kept / "KEEP").exists()

@@ -115,7 +115,7 @@ HEADER = (
             "version": 1,
             "rank": 0,
             "world_size": 1,
-            "phase": "baseline",
+            "phase": "uninterrupted",
         }
     )
     + "\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import importlib
-import json
 import os
 import runpy
 import signal
@@ -22,8 +21,8 @@ from typing import Any, Callable
 
 from . import record as _record
 from . import rng
-from .context import context
-from .layout import CONTEXT_ENV, log_path, pid_dir, status_path
+from .context import RunContext, context
+from .layout import CONTEXT_ENV, RankStatus, log_path, write_pid, write_status
 
 
 def _die_with_parent() -> None:
@@ -57,22 +56,17 @@ def _redirect_output(run_dir: str, rank: int) -> Any:
     return sys.stderr
 
 
-def _raw_context() -> dict[str, Any]:
-    return json.loads(os.environ.get(CONTEXT_ENV, "{}"))
-
-
-def _wait_for_gate() -> None:
+def _wait_for_gate(ctx: RunContext) -> None:
     """A prestarted rank waits here, torch imported, until the launch it depends on (the one
     that writes its checkpoint) has exited."""
-    gate = _raw_context().get("gate")
-    while gate and not os.path.exists(gate):
+    while ctx.gate and not os.path.exists(ctx.gate):
         time.sleep(0.005)
 
 
-def _leave_with_owner() -> None:
+def _leave_with_owner(ctx: RunContext) -> None:
     """If the pytest process that started this launch is gone (SIGKILLed, say), nobody will
     read this rank's results or kill it: leave, so torchrun's agent ends the others too."""
-    owner = _raw_context().get("owner_pid")
+    owner = ctx.owner_pid
     if not owner:
         return
 
@@ -87,15 +81,6 @@ def _leave_with_owner() -> None:
                 pass
 
     threading.Thread(target=watch, name="resume-equiv-owner", daemon=True).start()
-
-
-def _write_status(run_dir: str, rank: int, status: dict[str, Any]) -> None:
-    path = status_path(run_dir, rank)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(status, f)
-    os.replace(tmp, path)
 
 
 def _resolve_callable(spec: str) -> Callable[..., Any]:
@@ -123,6 +108,24 @@ def _run_target(argv: list[str]) -> None:
         raise SystemExit(f"pytest_resume_equiv.rank.bootstrap: unknown target kind {kind!r}")
 
 
+def _run_user_code(argv: list[str]) -> RankStatus:
+    """Run the target; how it ended, as the status file says it."""
+    try:
+        _run_target(argv)
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return RankStatus("ok")
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else 1
+        return RankStatus("exit", code, str(exc.code))
+    except BaseException as exc:
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, end="")
+        return RankStatus("error", 1, f"{type(exc).__name__}: {exc}", tb)
+    return RankStatus("ok")
+
+
 def main(argv: list[str]) -> None:
     _die_with_parent()
     ctx = context()
@@ -132,9 +135,7 @@ def main(argv: list[str]) -> None:
         )
     rank = ctx.rank
     err = _redirect_output(ctx.run_dir, rank)
-    os.makedirs(pid_dir(ctx.run_dir), mode=0o700, exist_ok=True)
-    with open(os.path.join(pid_dir(ctx.run_dir), f"rank-{rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    write_pid(ctx.run_dir, rank, os.getpid())
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     try:
@@ -143,32 +144,11 @@ def main(argv: list[str]) -> None:
         pass
     rng.seed_host_streams(ctx.seed + rank)
     _record.open_signature()
-    _leave_with_owner()
-    _wait_for_gate()
-
-    code = 0
-    try:
-        _run_target(argv)
-        status: dict[str, Any] = {"status": "ok"}
-    except SystemExit as exc:
-        if exc.code in (None, 0):
-            status = {"status": "ok"}
-        else:
-            code = exc.code if isinstance(exc.code, int) else 1
-            status = {"status": "exit", "code": code, "message": str(exc.code)}
-            if not isinstance(exc.code, int):
-                print(exc.code, file=sys.stderr)
-    except BaseException as exc:
-        code = 1
-        tb = traceback.format_exc()
-        print(tb, file=sys.stderr, end="")
-        status = {
-            "status": "error",
-            "exception": f"{type(exc).__name__}: {exc}",
-            "traceback": tb,
-        }
+    _leave_with_owner(ctx)
+    _wait_for_gate(ctx)
+    status = _run_user_code(argv)
     _record.close()
-    _write_status(ctx.run_dir, rank, status)
+    write_status(ctx.run_dir, rank, status)
     # Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL
     # threads aborting in C++ static destructors (SIGABRT, "terminate called without an
     # active exception") would otherwise turn a finished rank into a failed launch.
@@ -177,7 +157,7 @@ def main(argv: list[str]) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(status.code)
 
 
 if __name__ == "__main__":

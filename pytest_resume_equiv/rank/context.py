@@ -1,41 +1,80 @@
-"""The run information a rank gets from the plugin: which phase, which steps, where to save."""
+"""The run information a rank gets from the plugin: which phase, which steps, where to save.
+
+The plugin builds a `LaunchContext` per launch and hands it to every rank as JSON in
+RESUME_EQUIV_CONTEXT; each rank reads it back as its `RunContext` (the same fields plus its
+rank from torchrun's variables). One class on both sides: the schema cannot drift.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .layout import CONTEXT_ENV
+from .template import fill
+
+PHASES = ("uninterrupted", "interrupted", "resumed", "teeth", "launch")
+"""uninterrupted: runs every step and saves at each split (the determinism control's rerun
+too); interrupted: the first launch of interrupt="stop"/"kill", which saves and then stops or
+is killed; resumed: starts from a checkpoint; teeth: a resumed launch whose random streams
+are mutated after its first step (the teeth check); launch: a `torchrun` fixture launch."""
 
 
 @dataclass(frozen=True)
-class RunContext:
-    """What one rank of one launch needs to know; `ctx` in function mode.
-
-    `split` is the step the resumed launch starts after; in the uninterrupted (baseline)
-    launch it is the first of `splits`, the steps at which the trainer must save.
-    """
+class LaunchContext:
+    """What the plugin tells every rank of one launch."""
 
     phase: str
     run_dir: str
-    steps: int
-    split: int
-    splits: tuple[int, ...]
-    checkpoint: Optional[str]
-    checkpoint_template: Optional[str]
-    device_kind: str
-    backend: str
-    seed: int
-    rank: int
-    local_rank: int
-    world_size: int
+    device_kind: str = "cpu"
+    backend: str = "gloo"
+    seed: int = 0
+    steps: int = 0
+    split: int = 0
+    splits: tuple[int, ...] = ()
+    checkpoint: Optional[str] = None
+    """The checkpoint this launch loads (resumed) or first saves (uninterrupted)."""
+    checkpoint_template: Optional[str] = None
+    """The user's `checkpoint=` template, unfilled; `template_values` fill it."""
+    template_values: Mapping[str, Any] = field(default_factory=dict)
+    """The placeholder values of the launch that writes the checkpoints."""
+    gate: Optional[str] = None
+    """A prestarted launch: the file whose existence lets the ranks run the user's code."""
+    owner_pid: Optional[int] = None
+    """The pytest process that started the launch; ranks leave when it is gone."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LaunchContext:
+        data = json.loads(text)
+        names = {f.name for f in dataclasses.fields(LaunchContext)}
+        data = {k: v for k, v in data.items() if k in names}
+        data["splits"] = tuple(int(s) for s in data.get("splits", ()))
+        return LaunchContext(**data)
+
+
+@dataclass(frozen=True)
+class RunContext(LaunchContext):
+    """What one rank of one launch needs to know; `ctx` in function mode.
+
+    `split` is the step the resumed launch starts after; in the uninterrupted launch it is
+    the first of `splits`, the steps at which the trainer must save.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
 
     @property
     def resuming(self) -> bool:
         """True in every launch that starts from a checkpoint (also the teeth check's)."""
-        return self.phase in ("resumed", "mutated")
+        return self.phase in ("resumed", "teeth")
 
     @property
     def device(self) -> Any:
@@ -50,12 +89,13 @@ class RunContext:
         """Where the uninterrupted launch saves the checkpoint that resumes after `step`."""
         if self.checkpoint_template is None:
             raise RuntimeError("this launch has no checkpoint template (plain torchrun launch)")
-        return self.checkpoint_template.replace("{split}", str(step))
+        values = {**self.template_values, "split": step}
+        return fill(self.checkpoint_template, values, "checkpoint=")
 
     def should_save(self, step: int) -> bool:
         """True in a launch that writes checkpoints (the uninterrupted one, or the interrupted
         first launch of interrupt="stop"/"kill") at each split: save after this step."""
-        return self.phase in ("baseline", "interrupted") and step in self.splits
+        return self.phase in ("uninterrupted", "interrupted") and step in self.splits
 
     def record(self, step: int, **values: Any) -> None:
         from .record import record
@@ -84,18 +124,9 @@ def context() -> Optional[RunContext]:
     raw = os.environ.get(CONTEXT_ENV)
     if not raw:
         return None
-    data = json.loads(raw)
+    launch = LaunchContext.from_json(raw)
     _cached = RunContext(
-        phase=data["phase"],
-        run_dir=data["run_dir"],
-        steps=int(data["steps"]),
-        split=int(data["split"]),
-        splits=tuple(int(s) for s in data["splits"]),
-        checkpoint=data.get("checkpoint"),
-        checkpoint_template=data.get("checkpoint_template"),
-        device_kind=data.get("device_kind", "cpu"),
-        backend=data.get("backend", "gloo"),
-        seed=int(data.get("seed", 0)),
+        **{f.name: getattr(launch, f.name) for f in dataclasses.fields(LaunchContext)},
         rank=int(os.environ.get("RANK", "0")),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         world_size=int(os.environ.get("WORLD_SIZE", "1")),

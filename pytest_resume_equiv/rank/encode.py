@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, Optional
 
 from .fingerprint import describe
 from .layout import FLOAT_TAG, TENSOR_TAG
@@ -30,6 +30,17 @@ def float_bits(x: float) -> str:
 
 def encode_float(x: float) -> dict[str, str]:
     return {FLOAT_TAG: float_bits(x), "repr": repr(x) if math.isfinite(x) else str(x)}
+
+
+def decode_float(value: Any) -> Optional[float]:
+    """The exact float an encoded value stands for; None when it is not an encoded float
+    (NaN when its bits are damaged: a value, not a crash, for a report)."""
+    if not isinstance(value, dict) or FLOAT_TAG not in value:
+        return None
+    try:
+        return struct.unpack(">d", bytes.fromhex(value[FLOAT_TAG]))[0]
+    except (TypeError, ValueError, struct.error):
+        return math.nan
 
 
 def encode(value: Any, where: str) -> Any:

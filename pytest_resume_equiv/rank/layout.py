@@ -1,11 +1,25 @@
-"""Names shared by the ranks that write a run directory and the plugin that reads it.
+"""The whole contract between the plugin and the ranks it launches: every file of a run
+directory, the run context's variable, and the status file's schema.
 
-Kept in one place so the writer and the reader cannot drift apart.
+Both sides import it, so the writer (a rank) and the reader (the plugin) cannot drift apart.
+A run directory looks like this::
+
+    <run_dir>/
+      signatures/rank-<R>.jsonl   written by each rank (see signature.py for the format)
+      logs/rank-<R>.stdout|stderr|pyspy, logs/agent-<N>.log
+      pids/rank-<R>.pid           the rank's pid, so the plugin can kill ranks torchrun
+                                  put in sessions of their own
+      status/rank-<R>.json        how the user's code ended (RankStatus)
+      gate-open                   created by the plugin: a prestarted launch may run now
+      launch.json, KEEP           the plugin's own notes on a shared uninterrupted launch
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import asdict, dataclass
+from typing import Optional
 
 CONTEXT_ENV = "RESUME_EQUIV_CONTEXT"
 """Environment variable holding the JSON run context; its presence switches the API on."""
@@ -16,6 +30,16 @@ SIGNATURE_VERSION = 1
 FLOAT_TAG = "$float"
 TENSOR_TAG = "$tensor"
 
+RANK_DIRS = ("signatures", "logs", "pids", "status")
+"""The folders every launch writes into its run directory."""
+GATE_FILE = "gate-open"
+RESULT_FILE = "launch.json"
+"""A shared uninterrupted launch's result, for the tests that reuse it."""
+KEEP_FILE = "KEEP"
+"""Written into a shared uninterrupted launch a failed test used: keep it at session end."""
+PLUGIN_FILES = (GATE_FILE, RESULT_FILE, KEEP_FILE)
+"""Files the plugin itself writes at the top of a run directory."""
+
 
 def signature_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "signatures", f"rank-{rank}.jsonl")
@@ -25,14 +49,82 @@ def log_path(run_dir: str, rank: int, stream: str) -> str:
     return os.path.join(run_dir, "logs", f"rank-{rank}.{stream}")
 
 
+def agent_log_path(run_dir: str, node: int) -> str:
+    """torchrun's own output (one agent per simulated node)."""
+    return os.path.join(run_dir, "logs", f"agent-{node}.log")
+
+
 def status_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "status", f"rank-{rank}.json")
 
 
-def pid_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, "pids")
+def pid_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "pids", f"rank-{rank}.pid")
 
 
 def gate_path(run_dir: str) -> str:
     """Created by the plugin when a prestarted launch may run the user's code."""
-    return os.path.join(run_dir, "go")
+    return os.path.join(run_dir, GATE_FILE)
+
+
+def write_pid(run_dir: str, rank: int, pid: int) -> None:
+    path = pid_path(run_dir, rank)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(pid))
+
+
+def read_pids(run_dir: str) -> dict[int, int]:
+    """rank -> pid, from the pid files the ranks wrote so far."""
+    folder = os.path.dirname(pid_path(run_dir, 0))
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    pids: dict[int, int] = {}
+    for name in names:
+        stem = name[len("rank-") : -len(".pid")]
+        if not (name.startswith("rank-") and name.endswith(".pid") and stem.isdigit()):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                pids[int(stem)] = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """How the user's code ended in one rank, as the rank itself saw it."""
+
+    status: str
+    """"ok" (returned or exited 0), "exit" (SystemExit with a nonzero code), "error" (raised)."""
+    code: int = 0
+    message: str = ""
+    """The SystemExit argument ("exit") or "ExceptionType: text" ("error")."""
+    traceback: str = ""
+
+
+def write_status(run_dir: str, rank: int, status: RankStatus) -> None:
+    """Atomically: a half-written status file must never read as a status."""
+    path = status_path(run_dir, rank)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        json.dump(asdict(status), f)
+    os.replace(f"{path}.tmp", path)
+
+
+def read_status(run_dir: str, rank: int) -> Optional[RankStatus]:
+    """None when the rank wrote none (killed, hung, never started) or it is unreadable."""
+    try:
+        with open(status_path(run_dir, rank), encoding="utf-8") as f:
+            data = json.load(f)
+        return RankStatus(
+            status=str(data["status"]),
+            code=int(data.get("code", 0)),
+            message=str(data.get("message", "")),
+            traceback=str(data.get("traceback", "")),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

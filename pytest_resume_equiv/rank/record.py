@@ -89,10 +89,10 @@ def record(step: int, **values: Any) -> None:
     if _writer is None:
         _writer = _SignatureWriter(ctx)
     _writer.write_step(step, encoded)
-    if ctx.phase == "mutated" and _writer.records == 1:
-        # The teeth check: from here on every random stream is unrelated to the baseline's,
+    if ctx.phase == "teeth" and _writer.records == 1:
+        # The teeth check: from here on every random stream is unrelated to the uninterrupted run's,
         # so a signature that still matches cannot depend on random state at all.
-        rng.perturb()
+        rng.mutate()
 
 
 def close() -> None:

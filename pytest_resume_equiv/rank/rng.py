@@ -151,7 +151,7 @@ def audit() -> dict[str, str]:
     return streams
 
 
-def perturb() -> None:
+def mutate() -> None:
     """Move every random stream to an unrelated state (the teeth check of a test)."""
     salt = 0x5EED
     torch = sys.modules.get("torch")

@@ -1,0 +1,363 @@
+"""What one `resume_equiv.run()` launches, as data: the planned launches of a resume test and
+the identity that lets tests share an uninterrupted launch.
+
+Every placeholder of a command, a resume argument or a checkpoint template is substituted
+here, once, by `fill` (the ranks use the same function for `ctx.checkpoint_for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+from .devices import Device
+from .errors import ResumeEquivError
+from .launch import LaunchSpec, Target
+from .rank.context import LaunchContext
+from .rank.template import TemplateError
+from .rank.template import fill as _fill
+from .settings import TestSettings
+
+DEFAULT_CHECKPOINT = "{run_dir}/checkpoints/step_{split}"
+DEFAULT_SEED = 1234
+Command = Union[Sequence[str], Callable[..., Any]]
+
+ROLES = ("uninterrupted", "interrupted", "resumed", "teeth", "control")
+"""uninterrupted: every step, saving at the splits; interrupted: the first launch of
+interrupt="stop"/"kill"; resumed: from a checkpoint, compared with the uninterrupted launch;
+teeth: a resumed launch with every RNG stream mutated after its first step; control: the
+uninterrupted launch once more, run only after a divergence."""
+
+
+def fill(template: str, values: Mapping[str, Any], where: str) -> str:
+    """`rank.template.fill`, with its errors as the test author's errors."""
+    try:
+        return _fill(template, values, where)
+    except TemplateError as exc:
+        raise ResumeEquivError(str(exc)) from None
+
+
+def argv_list(value: Any, what: str) -> list[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ResumeEquivError(
+            f"{what} must be a list of strings, got {type(value).__name__} {value!r}; "
+            'e.g. ["-m", "mytrainer.train", "--max-steps={steps}"]'
+        )
+    bad = [v for v in value if not isinstance(v, (str, os.PathLike))]
+    if bad:
+        raise ResumeEquivError(f"{what} must hold only strings, got {bad[0]!r} in {list(value)!r}")
+    return [os.fspath(v) for v in value]
+
+
+def target_from_callable(fn: Callable[..., Any]) -> Target:
+    """A module-level function, importable by name inside every rank."""
+    name = getattr(fn, "__qualname__", "")
+    module = getattr(fn, "__module__", None)
+    if not module or "<" in name or module == "__main__":
+        raise ResumeEquivError(
+            f"{fn!r} must be a module-level function so every rank can import it by name "
+            "(no lambdas, nested functions or functions defined in __main__)"
+        )
+    path = inspect.getsourcefile(fn)
+    pythonpath: tuple[str, ...] = ()
+    if path:
+        # The directory from which `module` imports as this file: one level up per dot,
+        # and one more for a package's __init__.py.
+        root = os.path.dirname(os.path.abspath(path))
+        depth = module.count(".") + (os.path.basename(path) == "__init__.py")
+        for _ in range(depth):
+            root = os.path.dirname(root)
+        pythonpath = (root,)
+    return Target("call", f"{module}:{name}", (), pythonpath)
+
+
+def target_from_argv(argv: list[str], what: str = "command") -> Target:
+    if not argv:
+        raise ResumeEquivError(f"{what} is empty; give a script path or ['-m', 'module', ...]")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise ResumeEquivError(f"{what} {argv!r}: '-m' needs a module name after it")
+        return Target("module", argv[1], tuple(argv[2:]))
+    if argv[0].startswith("-"):
+        raise ResumeEquivError(
+            f"{what} {argv!r} must start with a Python script path or '-m module' "
+            "(torchrun options are set by the plugin)"
+        )
+    return Target("script", argv[0], tuple(argv[1:]))
+
+
+def target_of(command: Command) -> Target:
+    """What every rank runs for `command` (an argv list, or a module-level function)."""
+    if callable(command):
+        return target_from_callable(command)
+    return target_from_argv(argv_list(command, "command"))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one `resume_equiv.run(...)` call asks for."""
+
+    command: Command
+    checkpoint: str = DEFAULT_CHECKPOINT
+    resume_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    seed: int = DEFAULT_SEED
+    cwd: Optional[str] = None
+
+
+@dataclass
+class PlannedLaunch:
+    spec: LaunchSpec
+    role: str
+    """One of ROLES."""
+    splits: tuple[int, ...]
+    uninterrupted: Optional[PlannedLaunch] = None
+    """resumed / teeth / control: the uninterrupted launch this one is compared with."""
+    source: Optional[PlannedLaunch] = None
+    """resumed / teeth: the launch that writes the checkpoint this one loads (the
+    uninterrupted launch, or the interrupted first launch of interrupt="stop"/"kill")."""
+    checkpoint: Optional[str] = None
+    """resumed / teeth: the checkpoint they load (checked to exist before they run)."""
+    shared: bool = False
+    """An uninterrupted launch in the session's shared directory, run once for every test
+    that plans the same launch."""
+    kill_after: Optional[int] = None
+    """interrupt="kill": SIGKILL this launch once every rank has recorded this step."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def needs(self) -> tuple[PlannedLaunch, ...]:
+        """The launches that must have exited before this one may run the user's code."""
+        return tuple(p for p in (self.uninterrupted, self.source) if p is not None)
+
+
+@dataclass
+class ResumePlan:
+    uninterrupted: list[PlannedLaunch]
+    resumed: list[PlannedLaunch]
+    interrupted: list[PlannedLaunch] = field(default_factory=list)
+    teeth: Optional[PlannedLaunch] = None
+    """A resumed launch that mutates every RNG stream after its first step (teeth check)."""
+    teeth_off: str = ""
+    """Why no teeth check is planned ("" when one is)."""
+    controls: dict[str, PlannedLaunch] = field(default_factory=dict)
+    """Per uninterrupted launch (by name), its rerun: run only when a resume diverged, to
+    tell a resume bug from training that is not deterministic at all."""
+
+    @property
+    def launches(self) -> list[PlannedLaunch]:
+        """The launches that always run (teeth and controls only when they can matter)."""
+        return [*self.uninterrupted, *self.interrupted, *self.resumed]
+
+    @property
+    def all_launches(self) -> list[PlannedLaunch]:
+        teeth = [self.teeth] if self.teeth is not None else []
+        return [*self.launches, *teeth, *self.controls.values()]
+
+
+def launch_key(spec: LaunchSpec, root: str) -> str:
+    """What makes two uninterrupted launches the same launch, as a short hash; the test's own
+    directory `root` is factored out of every path so tests can share. The timeout is not
+    part of it: it bounds the launch, it does not change what the launch does."""
+    identity = {
+        "target": dataclasses.asdict(spec.target),
+        "nproc": spec.nproc,
+        "nnodes": spec.nnodes,
+        "context": dataclasses.asdict(spec.context),
+        "env": spec.env,
+        "cwd": spec.cwd,
+    }
+    text = json.dumps(identity, sort_keys=True).replace(root, "{root}")
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class _Planner:
+    """Builds the launches of one plan; holds what every launch of it shares."""
+
+    def __init__(
+        self, settings: TestSettings, request: RunRequest, device: Device, root: str
+    ) -> None:
+        if not isinstance(request.checkpoint, (str, os.PathLike)):
+            raise ResumeEquivError(
+                f"checkpoint= must be a path template string, got {request.checkpoint!r}"
+            )
+        self.settings = settings
+        self.marker = settings.marker
+        self.request = request
+        self.device = device
+        self.root = root
+        self.checkpoint = os.fspath(request.checkpoint)
+        if callable(request.command):
+            if request.resume_args:
+                raise ResumeEquivError(
+                    "resume_args= applies to command mode only; use ctx.resuming in train(ctx)"
+                )
+            self.target: Optional[Target] = target_from_callable(request.command)
+            self.argv: list[str] = []
+        else:
+            self.argv = argv_list(request.command, "command")
+            self.target = None
+        self.resume_args = argv_list(request.resume_args, "resume_args")
+
+    def values(self, run_dir: str, split: int, splits: Sequence[int], steps: int) -> dict:
+        """The placeholder values of one launch, `{checkpoint}` left to `checkpoint_of`."""
+        return {
+            "steps": steps,
+            "split": split,
+            "splits": ",".join(map(str, splits)),
+            "run_dir": run_dir,
+            "nproc": self.marker.nproc,
+            "world_size": self.marker.world_size,
+            "seed": self.request.seed,
+        }
+
+    def checkpoint_of(self, values: Mapping[str, Any]) -> str:
+        return fill(self.checkpoint, values, "checkpoint=")
+
+    def command(self, values: Mapping[str, Any], resumed: bool) -> list[str]:
+        args = [fill(a, values, "command argument") for a in self.argv]
+        if resumed:
+            args += [fill(a, values, "resume_args argument") for a in self.resume_args]
+        return args
+
+    def spec(self, name: str, args: list[str], context: LaunchContext) -> LaunchSpec:
+        return LaunchSpec(
+            name=name,
+            target=self.target if self.target is not None else target_from_argv(args),
+            run_dir=context.run_dir,
+            nproc=self.marker.nproc,
+            nnodes=self.marker.nnodes,
+            timeout=self.settings.timeout,
+            context=context,
+            env={**dict(self.marker.env), **self.request.env},
+            cwd=self.request.cwd,
+        )
+
+    def context(
+        self, phase: str, values: dict, checkpoint: str, splits: Sequence[int]
+    ) -> LaunchContext:
+        return LaunchContext(
+            phase=phase,
+            run_dir=values["run_dir"],
+            device_kind=self.device.kind,
+            backend=self.device.backend,
+            seed=self.request.seed,
+            steps=values["steps"],
+            split=values["split"],
+            splits=tuple(splits),
+            checkpoint=checkpoint,
+            checkpoint_template=self.checkpoint,
+            template_values=values,
+        )
+
+    def saving(
+        self, name: str, role: str, splits: Sequence[int], run_dir: str, steps: int
+    ) -> PlannedLaunch:
+        """A launch that saves a checkpoint at each of `splits` (uninterrupted, interrupted,
+        control)."""
+        values = self.values(run_dir, splits[0], splits, steps)
+        checkpoint = self.checkpoint_of(values)
+        args = self.command({**values, "checkpoint": checkpoint}, resumed=False)
+        phase = "interrupted" if role == "interrupted" else "uninterrupted"
+        context = self.context(phase, values, checkpoint, splits)
+        return PlannedLaunch(self.spec(name, args, context), role, tuple(splits))
+
+    def resuming(
+        self, name: str, role: str, split: int, compared: PlannedLaunch, source: PlannedLaunch
+    ) -> PlannedLaunch:
+        """A launch that loads `source`'s checkpoint at `split` (resumed, teeth)."""
+        source_values = {**source.spec.context.template_values, "split": split}
+        checkpoint = self.checkpoint_of(source_values)
+        run_dir = os.path.join(self.root, name)
+        values = self.values(run_dir, split, self.marker.splits, self.marker.steps)
+        args = self.command({**values, "checkpoint": checkpoint}, resumed=True)
+        context = dataclasses.replace(
+            self.context(role, values, checkpoint, self.marker.splits),
+            template_values=source_values,
+        )
+        return PlannedLaunch(
+            self.spec(name, args, context),
+            role,
+            (split,),
+            uninterrupted=compared,
+            source=source,
+            checkpoint=checkpoint,
+        )
+
+    def groups(self) -> list[list[int]]:
+        """Splits that can share one uninterrupted launch: those whose command is the same
+        once filled (always, when no argument uses `{split}`)."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for split in self.marker.splits:
+            probe = self.values("\0run_dir", split, self.marker.splits, self.marker.steps)
+            probe["checkpoint"] = "\0checkpoint"
+            groups.setdefault(tuple(self.command(probe, resumed=False)), []).append(split)
+        return list(groups.values())
+
+
+def build_plan(
+    settings: TestSettings,
+    request: RunRequest,
+    device: Device,
+    root: str,
+    shared_root: Optional[str] = None,
+) -> ResumePlan:
+    """The launches of one run: per group of splits an uninterrupted launch (in `shared_root`
+    when given, so other tests can reuse it) and its control; per split a resumed launch (and
+    an interrupted first launch unless interrupt="continue"); at most one teeth check."""
+    planner = _Planner(settings, request, device, root)
+    marker = settings.marker
+    plan = ResumePlan([], [])
+    groups = planner.groups()
+    for splits in groups:
+        name = "uninterrupted" if len(groups) == 1 else f"uninterrupted-split{splits[0]}"
+        own_dir = os.path.join(root, name)
+        run_dir, control_dir = own_dir, f"{own_dir}-control"
+        if shared_root is not None:
+            probe = planner.saving(name, "uninterrupted", splits, own_dir, marker.steps)
+            run_dir = os.path.join(shared_root, launch_key(probe.spec, root))
+            control_dir = f"{run_dir}-control"
+        full = planner.saving(name, "uninterrupted", splits, run_dir, marker.steps)
+        control = planner.saving(f"{name}-control", "control", splits, control_dir, marker.steps)
+        control.uninterrupted = full
+        full.shared = control.shared = shared_root is not None
+        plan.uninterrupted.append(full)
+        plan.controls[name] = control
+        for split in splits:
+            source = full
+            if marker.interrupt != "continue":
+                source = _interrupted(planner, split)
+                plan.interrupted.append(source)
+            plan.resumed.append(
+                planner.resuming(f"resumed-split{split}", "resumed", split, full, source)
+            )
+            if plan.teeth is None and settings.rng_mutation and marker.steps >= split + 2:
+                plan.teeth = planner.resuming(f"teeth-split{split}", "teeth", split, full, source)
+    if plan.teeth is None:
+        plan.teeth_off = (
+            f"turned off ({settings.sources['rng_mutation']})"
+            if not settings.rng_mutation
+            else "needs steps >= split + 2 (a step after the mutated one to compare)"
+        )
+    return plan
+
+
+def _interrupted(planner: _Planner, split: int) -> PlannedLaunch:
+    """A first launch of its own: it ends at the split ("stop") or is SIGKILLed once every
+    rank has recorded the step after it ("kill")."""
+    marker = planner.marker
+    name = f"interrupted-split{split}"
+    steps = split if marker.interrupt == "stop" else marker.steps
+    launch = planner.saving(name, "interrupted", [split], os.path.join(planner.root, name), steps)
+    if marker.interrupt == "kill":
+        launch.kill_after = split + 1
+    return launch

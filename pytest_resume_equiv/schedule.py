@@ -1,0 +1,201 @@
+"""Start, gate, poll and kill launches; hand each finished one to a handler. No policy.
+
+The loop knows only mechanics: how many launches may run the user's code at once
+(`parallel`), how many more may be started ahead, waiting at their gate (`prefetch`), and that
+a launch may open its gate once the launches it `needs` have finished. What a result means,
+and which launches follow from it, is the handler's business (orchestrate.py): it may add
+and cancel jobs while the loop runs. Like pytest-xdist's `DSession.loop_once`, each turn
+starts what it can, then dispatches what finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+from .launch import LaunchResult, RunningLaunch
+from .plan import PlannedLaunch
+from .signature import StepWatcher
+
+
+class Handle(Protocol):
+    """A started launch as the scheduler sees it (RunningLaunch, a shared launch, a fake)."""
+
+    @property
+    def gate_open(self) -> bool: ...
+
+    def open_gate(self) -> None: ...
+
+    def poll(self) -> Optional[LaunchResult]: ...
+
+    def kill(self) -> None: ...
+
+
+Starter = Callable[[PlannedLaunch, bool], Optional[Handle]]
+"""Start a planned launch, gated (waiting for `open_gate()`) or not; None: not now (no free
+device yet), ask again later."""
+
+
+def start_local(planned: PlannedLaunch, gated: bool) -> Handle:
+    return RunningLaunch(planned.spec, gated=gated)
+
+
+@dataclass
+class Job:
+    planned: PlannedLaunch
+    handle: Optional[Handle] = None
+    done: bool = False
+    """Finished (handed to the handler) or cancelled."""
+    gate_opened_at: float = 0.0
+    watcher: Optional[StepWatcher] = None
+    """Follows the launch's signatures (interrupt="kill", progress lines)."""
+
+    @property
+    def name(self) -> str:
+        return self.planned.name
+
+    @property
+    def started(self) -> bool:
+        return self.handle is not None and not self.done
+
+    def steps_recorded(self) -> int:
+        """The last step every rank of this launch has recorded so far."""
+        if self.watcher is None:
+            spec = self.planned.spec
+            self.watcher = StepWatcher(spec.run_dir, spec.world_size)
+        self.watcher.refresh()
+        return self.watcher.lowest
+
+
+OnDone = Callable[[Job, LaunchResult], None]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        start: Starter = start_local,
+        parallel: int = 1,
+        prefetch: int = 1,
+        poll_interval: float = 0.02,
+        on_progress: Optional[Callable[[str], None]] = None,
+        progress_every: float = 5.0,
+    ) -> None:
+        self.start = start
+        self.parallel = parallel
+        self.prefetch = prefetch
+        self.poll_interval = poll_interval
+        self.on_progress = on_progress
+        self.progress_every = progress_every
+        self.jobs: list[Job] = []
+        self.finished: set[str] = set()
+        self._last_progress = time.monotonic()
+
+    def add(self, planned: PlannedLaunch) -> None:
+        self.jobs.append(Job(planned))
+
+    def cancel(self, planned: PlannedLaunch) -> None:
+        """Drop a launch that can no longer matter; kill it if it started."""
+        for job in self.jobs:
+            if job.planned is planned and not job.done:
+                if job.handle is not None:
+                    job.handle.kill()
+                job.done = True
+
+    def run(self, on_done: OnDone) -> None:
+        """Until every job is done. Whatever ends it (a handler's exception, Ctrl-C), every
+        started launch is killed before this returns."""
+        try:
+            while any(not job.done for job in self.jobs):
+                if not self.loop_once(on_done):
+                    time.sleep(self.poll_interval)
+        finally:
+            for job in self.jobs:
+                if job.handle is not None:
+                    job.handle.kill()
+
+    def loop_once(self, on_done: OnDone) -> bool:
+        """One turn: start, open gates, report progress, dispatch finished launches.
+        Returns whether any launch finished."""
+        self._start_what_fits()
+        self._open_gates()
+        self._periodic_progress()
+        return self._dispatch_finished(on_done)
+
+    def _ready(self, job: Job) -> bool:
+        return all(p.name in self.finished for p in job.planned.needs)
+
+    def _start_what_fits(self) -> None:
+        """Start pending launches gated, up to `parallel` running plus `prefetch` waiting."""
+        active = [j for j in self.jobs if j.started]
+        for job in self.jobs:
+            if job.done or job.handle is not None:
+                continue
+            waiting = sum(not j.handle.gate_open for j in active)
+            could_run = self._ready(job) and len(active) < self.parallel
+            if len(active) >= self.parallel + self.prefetch or (
+                waiting >= self.prefetch and not could_run
+            ):
+                return
+            handle = self.start(job.planned, True)
+            if handle is None:
+                return  # no free device yet: ask again next turn
+            job.handle = handle
+            job.gate_opened_at = time.monotonic() if handle.gate_open else 0.0
+            active.append(job)
+
+    def _open_gates(self) -> None:
+        active = [j for j in self.jobs if j.started]
+        running = sum(j.handle.gate_open for j in active)
+        for job in active:
+            if running >= self.parallel:
+                return
+            if not job.handle.gate_open and self._ready(job):
+                job.handle.open_gate()
+                job.gate_opened_at = time.monotonic()
+                running += 1
+                self._progress(job, "running")
+
+    def _periodic_progress(self) -> None:
+        if self.on_progress is None:
+            return
+        if time.monotonic() - self._last_progress > self.progress_every:
+            self._last_progress = time.monotonic()
+            for job in self.jobs:
+                if job.started and job.handle.gate_open:
+                    self._progress(job, "running")
+
+    def _dispatch_finished(self, on_done: OnDone) -> bool:
+        finished_any = False
+        for job in list(self.jobs):
+            if not job.started or not job.handle.gate_open:
+                continue
+            result = self._poll(job)
+            if result is None:
+                continue
+            self._progress(job, "ok" if result.ok else "ended")
+            job.done = True
+            on_done(job, result)
+            self.finished.add(job.name)
+            finished_any = True
+        return finished_any
+
+    def _poll(self, job: Job) -> Optional[LaunchResult]:
+        result = job.handle.poll()
+        kill_after = job.planned.kill_after
+        if result is None and kill_after is not None and job.steps_recorded() >= kill_after:
+            job.handle.kill()  # SIGKILL: the interruption this launch is for
+            result = job.handle.poll()
+            if result is not None:
+                result.killed_after_step = kill_after
+        return result
+
+    def _progress(self, job: Job, event: str) -> None:
+        if self.on_progress is None:
+            return
+        spec = job.planned.spec
+        elapsed = time.monotonic() - job.gate_opened_at if job.gate_opened_at else 0.0
+        self.on_progress(
+            f"{spec.name} ({spec.world_size} ranks): {event}, step {job.steps_recorded()}/"
+            f"{spec.context.steps} recorded on every rank, {elapsed:.1f}s"
+        )
