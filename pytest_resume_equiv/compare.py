@@ -385,3 +385,11 @@ def compare_runs(
             a, b = base_steps[div.rank][step], res_steps[div.rank][step]
             result.context.append((step, a.get(div.key), b.get(div.key)))
     return result
+
+
+def first_difference(cmp: Comparison) -> str:
+    """Where a comparison first differs, in a few words."""
+    div = cmp.divergence
+    if div is not None:
+        return f"step {div.step}, rank {div.rank}, {div.key!r}"
+    return cmp.problems[0].message if cmp.problems else ""

@@ -34,6 +34,7 @@ from .report import (
     format_outcome,
     format_plan_summary,
     format_shutdown_deaths,
+    outcome_failure,
 )
 from .resources import Launcher, LeaseWait, parallelism, with_lease
 from .schedule import Scheduler
@@ -172,6 +173,8 @@ class ResumeEquiv:
     def _plan(self, request: RunRequest) -> ResumePlan:
         plan = build_plan(self.settings, request, self.device, self.root.path, self.shared_root)
         self.shared_dirs += [p.spec.run_dir for p in plan.all_launches if p.shared]
+        for text in plan.warnings:  # before the launches: the author may stop and fix it
+            warnings.warn(ResumeEquivWarning(text), stacklevel=3)
         return plan
 
     def _run(self, plan: ResumePlan) -> tuple[Optional[ResumeOutcome], str]:
@@ -188,21 +191,34 @@ class ResumeEquiv:
         except ResumeEquivError as exc:
             self.launching = False
             return None, self._failed_to_run(outcome, exc)
+        except BaseException:  # Ctrl-C, SIGTERM: keep what ran for the summary
+            stopped = scheduler.unfinished()
+            self.runs.append(RunRecord.of(outcome, "interrupted", plan.warnings, stopped))
+            raise
         self.launching = False
         self.outcome = outcome
-        record = RunRecord.of(outcome)
-        self.runs.append(record)
         self.report_section(format_plan_summary(outcome))
         if not outcome.equal:
+            record = RunRecord.of(outcome, outcome_failure(outcome), plan.warnings)
+            self.runs.append(record)
             record.plots = self._plots(outcome)
             text = format_outcome(outcome, self.root.kept_text())
             return None, text + "".join(f"\nplot: {path}" for path in record.plots)
+        deaths = format_shutdown_deaths(outcome.launches)
+        strict = bool(deaths) and self.settings.strict_shutdown
+        self.runs.append(
+            RunRecord.of(
+                outcome,
+                "ranks died in interpreter shutdown (strict)" if strict else "",
+                [*plan.warnings, *([deaths] if deaths and not strict else [])],
+            )
+        )
         failure = _shutdown_deaths(outcome.launches, self.settings.strict_shutdown, stacklevel=3)
         return (None, failure) if failure else (outcome, "")
 
     def _failed_to_run(self, outcome: ResumeOutcome, exc: ResumeEquivError) -> str:
         """A launch failed, or a launch's output cannot be compared: the failure text."""
-        self.runs.append(RunRecord.of(outcome, error=str(exc)))
+        self.runs.append(RunRecord.of(outcome, str(exc), outcome.plan.warnings))
         self.report_section(format_plan_summary(outcome))
         if isinstance(exc, LaunchFailed):
             failure = format_launch_failure(exc.result, ROLE_WORDS.get(exc.role, exc.role))

@@ -96,6 +96,15 @@ class LaunchResult:
         return all(code == 0 for code in self.returncodes) or bool(self.shutdown_deaths)
 
     @property
+    def status(self) -> str:
+        """ "ok", "killed as planned" (interrupt="kill"), "timed out" or "failed"."""
+        if self.killed_after_step:
+            return "killed as planned"
+        if self.timed_out:
+            return "timed out"
+        return "ok" if self.ok else "failed"
+
+    @property
     def shutdown_deaths(self) -> list[RankOutcome]:
         return [r for r in self.ranks if r.status == "shutdown"]
 

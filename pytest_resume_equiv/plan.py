@@ -149,6 +149,8 @@ class ResumePlan:
     """A resumed launch that mutates every RNG stream after its first step (teeth check)."""
     teeth_off: str = ""
     """Why no teeth check is planned ("" when one is)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the test author should know before the launches start."""
     controls: dict[str, PlannedLaunch] = field(default_factory=dict)
     """Per uninterrupted launch (by name), its rerun: run only when a resume diverged, to
     tell a resume bug from training that is not deterministic at all."""
@@ -293,6 +295,24 @@ class _Planner:
             checkpoint=checkpoint,
         )
 
+    def rolling_checkpoint_warning(self) -> list[str]:
+        """A checkpoint path that is the same at every split, while the uninterrupted run
+        goes on past the split: a later save to it replaces what the resumed run loads."""
+        marker = self.marker
+        if marker.interrupt != "continue":
+            return []
+        at = [self.values("\0run_dir", s, marker.splits, marker.steps) for s in (1, 2)]
+        if self.checkpoint_of(at[0]) != self.checkpoint_of(at[1]):
+            return []
+        saves = ", ".join(map(str, marker.splits))
+        return [
+            f"checkpoint={self.checkpoint!r} is the same path at every split, and the "
+            f"uninterrupted run saves there at step {saves} and goes on to step {marker.steps} "
+            '(interrupt="continue"): a later save to that path replaces the checkpoint the '
+            "resumed run loads, so it may resume from another step; put {split} in the path "
+            '(the trainer saving to it), or use interrupt="stop"'
+        ]
+
     def groups(self) -> list[list[int]]:
         """Splits that can share one uninterrupted launch: those whose command is the same
         once filled (always, when no argument uses `{split}`)."""
@@ -342,9 +362,10 @@ def build_plan(
             )
             if plan.teeth is None and settings.rng_mutation and marker.steps >= split + 2:
                 plan.teeth = planner.resuming(f"teeth-split{split}", "teeth", split, full, source)
+    plan.warnings += planner.rolling_checkpoint_warning()
     if plan.teeth is None:
         plan.teeth_off = (
-            f"turned off ({settings.sources['rng_mutation']})"
+            f"rng_mutation=False from {settings.sources['rng_mutation']}"
             if not settings.rng_mutation
             else "needs steps >= split + 2 (a step after the mutated one to compare)"
         )

@@ -64,7 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
     config.stash[SESSION_KEY] = ResumeEquivSession(config)
-    config.pluginmanager.register(_InterruptReporter(config), "resume-equiv-interrupts")
+    config.pluginmanager.register(_Reporter(config), "resume-equiv-reporter")
 
 
 def _session(config: pytest.Config) -> ResumeEquivSession:
@@ -77,12 +77,22 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     _session(node.config).worker_done(getattr(node, "workeroutput", {}))
 
 
-class _InterruptReporter:
-    """Ctrl-C or SIGTERM: say where the interrupted tests' partial run directories are.
-    (A plugin object, because the hook is given no config.)"""
+class _Reporter:
+    """Lines for the terminal from hooks that are given no config: after each resume test
+    with -v, what it proved; on Ctrl-C or SIGTERM, where the partial run directories are."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """pytest-xdist workers' tests too: the line travels in the report's properties."""
+        if report.when != "teardown" or self.config.option.verbose < 1:
+            return
+        proved = dict(report.user_properties).get("resume_equiv_proved")
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if proved and reporter is not None and not is_xdist_worker(self.config):
+            reporter.ensure_newline()
+            reporter.write_line(f"    resume-equiv: {proved}")
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         paths = _session(self.config).interrupted()

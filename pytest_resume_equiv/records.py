@@ -6,12 +6,14 @@ records pytest-xdist workers send to the controller).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .compare import Comparison
+from .compare import first_difference
 from .launch import LaunchResult
-from .orchestrate import ResumeOutcome
+from .orchestrate import ResumeOutcome, SplitVerdict
+from .plan import PlannedLaunch
 from .values import readable
 
 REPORT_FORMAT = "pytest-resume-equiv/report"
@@ -27,10 +29,33 @@ class LaunchRecord:
     startup_overlapped: float
     reused_from: Optional[str]
     ok: bool
+    """The launch did what the plan asked of it: it finished with every rank ok, or it was
+    killed as planned (interrupt="kill")."""
+    status: str
+    """ok, killed as planned, timed out, failed, interrupted."""
     timed_out: bool
     killed_after_step: int
     run_dir: str
     command: str
+
+    @classmethod
+    def stopped(cls, planned: PlannedLaunch) -> LaunchRecord:
+        """A launch that was running when the test was interrupted (Ctrl-C, SIGTERM)."""
+        spec = planned.spec
+        return cls(
+            name=planned.name,
+            role=planned.role,
+            ranks=spec.world_size,
+            seconds=0.0,
+            startup_overlapped=0.0,
+            reused_from=None,
+            ok=False,
+            status="interrupted",
+            timed_out=False,
+            killed_after_step=0,
+            run_dir=spec.run_dir,
+            command="",
+        )
 
     @classmethod
     def of(cls, result: LaunchResult, role: str) -> LaunchRecord:
@@ -41,7 +66,8 @@ class LaunchRecord:
             seconds=round(result.duration, 3),
             startup_overlapped=round(result.startup, 3),
             reused_from=result.reused or None,
-            ok=result.ok,
+            ok=result.status in ("ok", "killed as planned"),
+            status=result.status,
             timed_out=result.timed_out,
             killed_after_step=result.killed_after_step,
             run_dir=result.spec.run_dir,
@@ -57,9 +83,12 @@ class VerdictRecord:
     problems: list[str]
     first_divergence: Optional[dict[str, Any]]
     divergent_keys: dict[str, list[str]]
+    likely_cause: Optional[dict[str, Any]] = None
+    """{"class", "cause", "notes"}: the diagnosis of the first divergence, when there is one."""
 
     @classmethod
-    def of(cls, split: int, cmp: Comparison) -> VerdictRecord:
+    def of(cls, verdict: SplitVerdict) -> VerdictRecord:
+        cmp, diag = verdict.comparison, verdict.diagnosis
         div = cmp.divergence
         first = None
         if div is not None:
@@ -73,42 +102,64 @@ class VerdictRecord:
                 "resumed": readable(div.actual),
             }
         return cls(
-            split=split,
+            split=verdict.split,
             equal=cmp.equal,
             compared_steps=cmp.compared_steps,
             problems=[p.message for p in cmp.problems],
             first_divergence=first,
             divergent_keys={str(k): keys for k, keys in cmp.divergent_keys.items()},
+            likely_cause=None
+            if diag is None
+            else {"class": diag.bug_class, "cause": diag.cause, "notes": list(diag.notes)},
         )
-
-    def summary(self) -> str:
-        """The first divergence in a few words ("" when equal)."""
-        div = self.first_divergence
-        if div:
-            return f"split {self.split}: step {div['step']}, rank {div['rank']}, {div['key']!r}"
-        if self.problems:
-            return f"split {self.split}: {self.problems[0]}"
-        return ""
 
 
 @dataclass
 class RunRecord:
-    """One `resume_equiv.run()` call: its plan, the launches that ran, the verdicts."""
+    """One `resume_equiv.run()` call: its plan, the launches that ran, the verdicts, the
+    checks around them, and what failed, in a few words."""
 
     plan: list[str]
     launches: list[LaunchRecord] = field(default_factory=list)
     verdicts: list[VerdictRecord] = field(default_factory=list)
-    error: str = ""
+    teeth: dict[str, str] = field(default_factory=dict)
+    """{"status", "why"}: passed, failed, skipped, off, cancelled, not run."""
+    control: dict[str, Any] = field(default_factory=dict)
+    """{"ran", "deterministic", "first_difference"}: the determinism control."""
+    failure: str = ""
+    """Why the run failed, in a few words ("" when it passed)."""
+    warnings: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, outcome: ResumeOutcome, error: str = "") -> RunRecord:
+    def of(
+        cls,
+        outcome: ResumeOutcome,
+        failure: str = "",
+        warnings: Sequence[str] = (),
+        stopped: Sequence[PlannedLaunch] = (),
+    ) -> RunRecord:
+        """`stopped`: launches that were running when the test was interrupted."""
         roles = {p.name: p.role for p in outcome.plan.all_launches}
+        ran_control = any(roles.get(r.spec.name) == "control" for r in outcome.launches)
+        odd = outcome.nondeterministic
+        teeth = outcome.teeth
         return cls(
             plan=[p.name for p in outcome.plan.launches],
-            launches=[LaunchRecord.of(r, roles.get(r.spec.name, "")) for r in outcome.launches],
-            verdicts=[VerdictRecord.of(v.split, v.comparison) for v in outcome.verdicts],
-            error=error,
+            launches=[LaunchRecord.of(r, roles.get(r.spec.name, "")) for r in outcome.launches]
+            + [LaunchRecord.stopped(p) for p in stopped],
+            verdicts=[VerdictRecord.of(v) for v in outcome.verdicts],
+            teeth={
+                "status": "not run" if teeth.status == "planned" else teeth.status,
+                "why": teeth.why,
+            },
+            control={
+                "ran": ran_control,
+                "deterministic": None if not ran_control else odd is None,
+                "first_difference": first_difference(odd) if odd is not None else "",
+            },
+            failure=failure,
+            warnings=list(warnings),
         )
 
     @classmethod
@@ -117,7 +168,10 @@ class RunRecord:
             plan=list(data["plan"]),
             launches=[LaunchRecord(**x) for x in data["launches"]],
             verdicts=[VerdictRecord(**x) for x in data["verdicts"]],
-            error=data.get("error", ""),
+            teeth=dict(data.get("teeth", {})),
+            control=dict(data.get("control", {})),
+            failure=data.get("failure", ""),
+            warnings=list(data.get("warnings", [])),
             plots=list(data.get("plots", [])),
         )
 
@@ -149,13 +203,8 @@ class TestRecord:
 
     @property
     def first_divergence(self) -> str:
-        for run in self.runs:
-            for verdict in run.verdicts:
-                if verdict.summary():
-                    return verdict.summary()
-            if run.error:
-                return run.error
-        return ""
+        """What failed first, in a few words: why the first failed run failed."""
+        return next((run.failure for run in self.runs if run.failure), "")
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -174,12 +223,55 @@ class TestRecord:
         fields["runs"] = [RunRecord.from_json(run) for run in data["runs"]]
         return cls(**fields)
 
+    def proved(self) -> str:
+        """What the test's launches showed, in one line (printed with -v after the test)."""
+        parts = []
+        for run in self.runs:
+            ran = ", ".join(
+                launch.name
+                + (f" (reused: run for {launch.reused_from})" if launch.reused_from else "")
+                + ("" if launch.status == "ok" else f" ({launch.status})")
+                for launch in run.launches
+            )
+            parts.append(f"launches {ran}" if ran else "no launch ran")
+            for verdict in run.verdicts:
+                if verdict.equal:
+                    steps = verdict.compared_steps
+                    parts.append(f"split {verdict.split} equal over {steps} steps")
+            status = run.teeth.get("status", "not run")
+            why = run.teeth.get("why", "")
+            parts.append(f"teeth check {status}" + (f" ({why})" if why else ""))
+            if run.control.get("ran"):
+                same = run.control.get("deterministic")
+                parts.append("determinism control " + ("matched" if same else "differed"))
+        return f"{self.test} {self.verdict}: " + "; ".join(parts)
+
     def junit_properties(self) -> list[tuple[str, Any]]:
+        """The test's properties in JUnit XML (strings; lists joined by " | ")."""
+        causes = [
+            f"split {v.split}: {v.likely_cause['class']}: {v.likely_cause['cause']}"
+            for run in self.runs
+            for v in run.verdicts
+            if v.likely_cause
+        ]
+        teeth = [
+            f"{r.teeth.get('status')}: {r.teeth.get('why', '')}".rstrip(": ") for r in self.runs
+        ]
+        controls = [
+            "matched" if r.control.get("deterministic") else r.control.get("first_difference", "")
+            for r in self.runs
+            if r.control.get("ran")
+        ]
         return [
             ("resume_equiv_verdict", self.verdict),
             ("resume_equiv_launches", self.launches),
             ("resume_equiv_wall_seconds", round(self.wall_seconds, 3)),
             ("resume_equiv_first_divergence", self.first_divergence),
+            ("resume_equiv_likely_cause", " | ".join(causes)),
+            ("resume_equiv_teeth_check", " | ".join(teeth)),
+            ("resume_equiv_determinism_control", " | ".join(controls)),
+            ("resume_equiv_warnings", " | ".join(w for r in self.runs for w in r.warnings)),
+            ("resume_equiv_proved", self.proved()),
         ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .compare import Comparison
+from .compare import Comparison, first_difference
 from .diagnose import Diagnosis
 from .launch import LaunchResult
 from .orchestrate import ResumeOutcome
@@ -174,17 +174,58 @@ def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
 def format_plan_summary(outcome: ResumeOutcome) -> str:
     lines = []
     for result in outcome.launches:
-        verdict = "ok" if result.ok else "FAILED"
+        status = (
+            result.status.upper() if result.status in ("failed", "timed out") else result.status
+        )
         reused = f" (reused: run for {result.reused})" if result.reused else ""
         lines.append(
-            f"{result.spec.name}: {result.spec.world_size} ranks, {result.duration:.1f}s, {verdict}, "
-            f"{result.spec.run_dir}{reused}"
+            f"{result.spec.name}: {result.spec.world_size} ranks, {result.duration:.1f}s, "
+            f"{status}, {result.spec.run_dir}{reused}"
         )
     for verdict in outcome.verdicts:
         lines.append(format_comparison(verdict.comparison).splitlines()[0])
-    if outcome.teeth.status == "skipped":
-        lines.append(f"teeth check skipped: {outcome.teeth.why}")
+    lines.append(teeth_text(outcome))
+    control = control_text(outcome)
+    if control:
+        lines.append(control)
     return "\n".join(lines)
+
+
+def outcome_failure(outcome: ResumeOutcome) -> str:
+    """Why a run that was judged failed, in a few words (the summary table's last column)."""
+    if outcome.resume_equal and outcome.teeth.status == "failed":
+        return "no teeth: the recorded values matched with every RNG stream mutated"
+    if outcome.nondeterministic is not None:
+        return "not deterministic without a resume: " + first_difference(outcome.nondeterministic)
+    for verdict in outcome.verdicts:
+        if not verdict.comparison.equal:
+            return f"split {verdict.split}: {first_difference(verdict.comparison)}"
+    return ""
+
+
+def teeth_text(outcome: ResumeOutcome) -> str:
+    """What the teeth check did, in one line ("teeth check: skipped (why)")."""
+    teeth = outcome.teeth
+    status = "not run" if teeth.status == "planned" else teeth.status
+    name = (
+        f" ({outcome.plan.teeth.name})"
+        if outcome.plan.teeth and status in ("passed", "failed")
+        else ""
+    )
+    return f"teeth check {status}{name}" + (f": {teeth.why}" if teeth.why else "")
+
+
+def control_text(outcome: ResumeOutcome) -> str:
+    """What the determinism control found, when it ran ("" when it did not)."""
+    controls = {p.name for p in outcome.plan.controls.values()}
+    if not any(r.spec.name in controls for r in outcome.launches):
+        return ""
+    if outcome.nondeterministic is None:
+        return "determinism control: a second uninterrupted run matched the first"
+    return (
+        "determinism control: a second uninterrupted run differs from the first: "
+        + first_difference(outcome.nondeterministic)
+    )
 
 
 def format_summary_table(records: list[TestRecord]) -> list[str]:

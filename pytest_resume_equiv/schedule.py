@@ -102,6 +102,11 @@ class Scheduler:
                     job.handle.kill()
                 job.done = True
 
+    def unfinished(self) -> list[PlannedLaunch]:
+        """Launches that were running the user's code and never finished (the run was stopped
+        in the middle); not those still waiting at their gate."""
+        return [job.planned for job in self.jobs if job.started and job.handle.gate_open]
+
     def run(self, on_done: OnDone) -> None:
         """Until every job is done. Whatever ends it (a handler's exception, Ctrl-C), every
         started launch is killed before this returns."""
@@ -173,7 +178,7 @@ class Scheduler:
             result = self._poll(job)
             if result is None:
                 continue
-            self._progress(job, "ok" if result.ok else "ended")
+            self._progress(job, result.status)
             job.done = True
             on_done(job, result)
             self.finished.add(job.name)

@@ -6,6 +6,8 @@ trainer's mistakes happen in the resumed launch only (`--bad=...` is a resume ar
 every such test shares one uninterrupted launch and the whole session costs a few launches.
 """
 
+import json
+
 import pytest
 from helpers import CPU, section_of
 
@@ -185,6 +187,12 @@ def test_steps_out_of_order(resume_equiv):
 
 
 @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
+def test_rolling_checkpoint_path(resume_equiv):
+    # passes (this trainer saves once), with a warning before the launches
+    resume_equiv.run(CMD, checkpoint="{run_dir}/rolling")
+
+
+@resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
 def test_resume_args_not_strings(resume_equiv):
     resume_equiv.run(CMD, resume_args=["--bad", 1])
 
@@ -231,7 +239,14 @@ def test_each_mistake_fails_its_own_test_with_a_clear_message(pytester):
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 1, text[-3000:]
+    assert outcomes.get("passed") == 2, text[-3000:]
+    assert (
+        "ResumeEquivWarning: checkpoint='{run_dir}/rolling' is the same path at every split, "
+        "and the uninterrupted run saves there at step 2 and goes on to step 5" in text
+    )
+    report = json.loads((pytester.path / "report.json").read_text())
+    rolling = next(t for t in report["tests"] if t["test"].endswith("test_rolling_checkpoint_path"))
+    assert rolling["runs"][0]["warnings"][0].startswith("checkpoint='{run_dir}/rolling' is the")
     assert len(EXPECTED) >= 15
     summary = {}
     for line in result.stdout.lines:

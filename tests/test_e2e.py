@@ -23,8 +23,16 @@ def test_correct_trainer_passes(trainers):
             assert outcome.teeth.status == "passed"
         """
     )
-    result = trainers.runpytest_subprocess(*CPU)
+    result = trainers.runpytest_subprocess(*CPU, "-v")
     result.assert_outcomes(passed=1)
+    # -v: after the test, one line says what it proved
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: test_ok.py::test_two_ranks passed: launches uninterrupted, "
+            "resumed-split3, teeth-split3; split 3 equal over 3 steps; teeth check passed "
+            "(mutating every RNG stream changed the recorded values)"
+        ]
+    )
     # passing tests remove their run directories (--resume-equiv-keep=failed)
     assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
     assert not list(trainers.path.glob("runpytest-0/resume-equiv-shared/*"))
@@ -51,6 +59,9 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
             "*resume-equiv: uninterrupted (2 ranks): running, step 0/6 recorded on every rank*",
             "*resume-equiv: uninterrupted (2 ranks): ok, step 6/6 recorded on every rank*",
             "*resume-equiv: resumed-split3 (2 ranks): ok, step 6/6 recorded*",
+            "*resume-equiv: test_rng.py::test_rng failed: launches uninterrupted, resumed-split3, "
+            "uninterrupted-control; teeth check cancelled (the resume from step 3 diverged); "
+            "determinism control matched",
             "*= resume equivalence =*",
             "test * ranks * splits * launches * wall * verdict * first divergence",
             "test_rng.py::test_rng * 2 * 3 * 3 * failed * split 3: step 4, rank 0, 'loss'",
@@ -63,6 +74,12 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     junit = (trainers.path / "junit.xml").read_text()
     assert '<property name="resume_equiv_verdict" value="failed"' in junit
     assert '<property name="resume_equiv_launches" value="3"' in junit
+    assert (
+        '<property name="resume_equiv_likely_cause" value="split 3: cpu RNG: rank 0, step 4'
+        in junit
+    )
+    assert '<property name="resume_equiv_teeth_check" value="cancelled: the resume' in junit
+    assert '<property name="resume_equiv_determinism_control" value="matched"' in junit
     result.stdout.fnmatch_lines(
         [
             "*resumed training is not equivalent to the uninterrupted run*",
@@ -97,6 +114,13 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     (verdict,) = run["verdicts"]
     first = verdict["first_divergence"]
     assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
+    # the report carries the conclusions, not only the first divergence
+    assert verdict["likely_cause"]["class"] == "cpu RNG"
+    assert "it was not restored" in verdict["likely_cause"]["cause"]
+    assert run["teeth"] == {"status": "cancelled", "why": "the resume from step 3 diverged"}
+    assert run["control"] == {"ran": True, "deterministic": True, "first_difference": ""}
+    assert run["failure"] == "split 3: step 4, rank 0, 'loss'" and run["warnings"] == []
+    assert [x["role"] for x in run["launches"]] == ["uninterrupted", "resumed", "control"]
 
 
 def test_split_list_runs_one_uninterrupted_and_two_resumed_launches(trainers):
@@ -398,7 +422,7 @@ def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
             assert "no audited RNG stream advances" in outcome.teeth.why
         """
     )
-    result = trainers.runpytest_subprocess(*CPU)
+    result = trainers.runpytest_subprocess(*CPU, "-v")
     result.assert_outcomes(failed=1, passed=2)
     result.stdout.fnmatch_lines(
         [
@@ -406,6 +430,18 @@ def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
         ]
     )
     assert "keep dropout on" in result.stdout.str()
+    # -v says why each passing test has no teeth check; the table says why the other failed
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: test_teeth.py::test_teeth_off passed: launches uninterrupted*; "
+            "teeth check off (rng_mutation=False from marker @resume_equivalent(rng_mutation=...))",
+            "*resume-equiv: test_teeth.py::test_nothing_random_needs_no_teeth passed: *teeth check "
+            "skipped (no audited RNG stream advances after the split*",
+        ],
+        consecutive=False,
+    )
+    row = next(x for x in result.stdout.lines if x.startswith("test_teeth.py::test_teeth "))
+    assert row.endswith("failed   no teeth: the recorded values matched with every RNG s..."), row
 
 
 def test_nondeterministic_training_is_not_blamed_on_the_resume(trainers):
@@ -425,6 +461,7 @@ def test_nondeterministic_training_is_not_blamed_on_the_resume(trainers):
         [
             "*training is not deterministic even without a resume: a second uninterrupted run differs from the first (first at step 1, rank 0, key 'value'*the resume is not to blame.",
             "*torch.use_deterministic_algorithms(True)*",
+            "test_nondet.py::test_nondet * failed * not deterministic without a resume: step 1, rank 0, 'value'",
         ]
     )
     assert "likely cause" not in result.stdout.str()

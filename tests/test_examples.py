@@ -1,7 +1,7 @@
 """The shipped examples run as a user runs them: their tests pass on CPU with gloo.
 
-(The toy DiT example runs in tests/test_toy_wan.py, beside its resume bugs; the HF Trainer and
-Lightning examples in tests/test_integrations.py, beside their adapters.)
+(The toy DiT example runs in tests/test_toy_wan.py, beside its resume bugs; the HF Trainer,
+Lightning and accelerate examples in tests/test_integrations.py, beside their adapters.)
 """
 
 import shutil
@@ -27,5 +27,5 @@ def test_examples_collect_together(pytester):
     """The README's main job runs every example in one session: names must not collide."""
     shutil.copytree(EXAMPLES, pytester.path / "examples")
     result = pytester.runpytest_subprocess(*CPU, "--collect-only", "-q", "examples")
-    result.stdout.fnmatch_lines(["*7 tests collected*"])
+    result.stdout.fnmatch_lines(["*9 tests collected*"])
     assert result.ret == 0

@@ -1,4 +1,4 @@
-"""The HF Trainer and Lightning adapters: their callbacks' rules, then each example run as a
+"""The HF Trainer, Lightning and accelerate adapters: their rules, then each example run as a
 user runs it (a passing resume test and a caught bug, on CPU with gloo)."""
 
 import importlib.util
@@ -108,15 +108,39 @@ def _baseline_signature(root: Path) -> Signature:
     return read_signature(signature_path(str(run_dir), 0))
 
 
-@pytest.mark.parametrize(
-    "example, framework, caught",
-    [
-        ("hf_trainer", "transformers", "likely cause (cpu RNG): rank 0, step 4"),
-        ("lightning", "lightning", "rank 1's cpu RNG state equals rank 0's"),
-    ],
-)
+EXAMPLE_RUNS = {
+    # example: (framework, split, steps, the caught bug's report, recorded keys, watched)
+    "hf_trainer": (
+        "transformers",
+        3,
+        6,
+        "likely cause (cpu RNG): rank 0, step 4",
+        {"loss", "lr", "grad_norm"},
+        {"model", "optimizer", "scheduler"},
+    ),
+    "lightning": (
+        "lightning",
+        3,
+        6,
+        "rank 1's cpu RNG state equals rank 0's",
+        {"loss", "lr", "grad_norm"},
+        {"model", "optimizer", "scheduler"},
+    ),
+    "accelerate": (
+        "accelerate",
+        5,
+        7,
+        "likely cause (data order): rank 0, step 6: sample ids differ (sample_ids)",
+        {"loss", "lr", "sample_ids"},
+        {"model", "optimizer", "scheduler"},
+    ),
+}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_RUNS))
 @pytest.mark.long(55)
-def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framework, caught):
+def test_example_resumes_exactly_and_catches_its_bug(pytester, example):
+    framework, split, steps, caught, keys, watched_objects = EXAMPLE_RUNS[example]
     if importlib.util.find_spec(framework) is None:
         pytest.skip(f"needs {framework}")
     # find_spec, not importorskip: pytester would drop the modules imported here at teardown,
@@ -127,23 +151,69 @@ def test_example_resumes_exactly_and_catches_its_bug(pytester, example, framewor
     result = pytester.runpytest_subprocess(*CPU, *args, example)
     result.assert_outcomes(passed=2)
     text = result.stdout.str()
-    assert "split 3: equal on all 2 ranks over 3 steps" in text
-    assert "split 3: first divergence at step 4" in text
+    assert f"split {split}: equal on all 2 ranks over {steps - split} steps" in text
+    assert f"split {split}: first divergence at step {split + 1}" in text
     assert caught in text
     signature = _baseline_signature(pytester.path)
     assert signature.complete
-    assert [step for step, _ in signature.steps] == [1, 2, 3, 4, 5, 6]
+    assert [step for step, _ in signature.steps] == list(range(1, steps + 1))
     first = signature.steps[0][1]
-    assert {key for key in first if ":" not in key} == {"loss", "lr", "grad_norm"}
+    assert {key for key in first if ":" not in key} == keys
     watched = {key[len("watch:") :].split(".")[0] for key in first if key.startswith("watch:")}
-    assert watched == {"model", "optimizer", "scheduler"}
+    assert watched == watched_objects
+
+
+def test_watching_an_accelerator_watches_what_save_state_saves(in_rank):
+    """`req.watch(accelerator=...)` before `prepare()`: each record reads the prepared model,
+    optimizer and scheduler (unwrapped), and the objects registered for checkpointing."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("needs accelerate")
+    import torch
+    from accelerate import Accelerator
+
+    import pytest_resume_equiv as req
+    from pytest_resume_equiv.integrations.accelerate import checkpointed_objects
+    from pytest_resume_equiv.rank import watch
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    in_rank()
+    accelerator = Accelerator(cpu=True)
+    req.watch(accelerator=accelerator)
+    assert watch.audit() == {}  # nothing prepared yet
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    objects = checkpointed_objects(accelerator)
+    assert list(objects) == ["model", "optimizer", "scheduler", "checkpointed"]
+    assert type(objects["optimizer"]) is torch.optim.SGD  # accelerate's wrapper unwrapped
+    assert objects["scheduler"] is scheduler.scheduler and objects["checkpointed"] is counter
+    audit = watch.audit()
+    assert {"model.params", "optimizer.lr", "scheduler.last_lr", "checkpointed.state"} <= set(audit)
+    counter.n = 3
+    assert watch.audit()["checkpointed.state"] == {"n": 3}
 
 
 def test_code_that_runs_in_ranks_never_imports_pytest():
     """Ranks are plain training processes: the in-rank API, the bootstrap and the adapters
     load without pytest (and the API without torch)."""
     modules = ["pytest_resume_equiv.rank.bootstrap", "pytest_resume_equiv.integrations"]
-    for optional, adapter in (("transformers", "hf"), ("lightning", "lightning")):
+    for optional, adapter in (
+        ("transformers", "hf"),
+        ("lightning", "lightning"),
+        ("accelerate", "accelerate"),
+    ):
         if importlib.util.find_spec(optional) is not None:
             modules.append(f"pytest_resume_equiv.integrations.{adapter}")
     code = (

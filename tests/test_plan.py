@@ -202,9 +202,8 @@ def test_plan_roles_controls_and_teeth(tmp_path):
     assert plan.controls["uninterrupted"].spec.context.phase == "uninterrupted"
     assert build(tmp_path, train, split=5).teeth_off.startswith("needs steps >= split + 2")
     off = build(tmp_path, train, rng_mutation=False)
-    assert (
-        off.teeth is None
-        and off.teeth_off == "turned off (marker @resume_equivalent(rng_mutation=...))"
+    assert off.teeth is None and off.teeth_off == (
+        "rng_mutation=False from marker @resume_equivalent(rng_mutation=...)"
     )
 
 
@@ -217,3 +216,24 @@ def test_interrupt_modes_plan_a_first_launch_per_split(tmp_path):
     assert "/interrupted-split4/" in stop.resumed[1].checkpoint
     kill = build(tmp_path, train, interrupt="kill")
     assert kill.interrupted[0].kill_after == 4 and kill.interrupted[0].spec.context.steps == 6
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "marker", "warned"),
+    [
+        ("{run_dir}/rolling.pt", {}, True),
+        ("{run_dir}/ckpt/{{split}}", {}, True),  # a literal {split}: the same path every time
+        ("{run_dir}/ckpt/{split}", {}, False),
+        ("{run_dir}/rolling.pt", {"interrupt": "stop"}, False),
+        ("{run_dir}/rolling.pt", {"split": [2, 4]}, True),
+    ],
+)
+def test_a_rolling_checkpoint_path_is_warned_about_before_the_launches(
+    tmp_path, checkpoint, marker, warned
+):
+    plan = build(tmp_path, ["t.py"], checkpoint=checkpoint, **marker)
+    assert bool(plan.warnings) is warned
+    if warned:
+        (text,) = plan.warnings
+        assert text.startswith(f"checkpoint={checkpoint!r} is the same path at every split")
+        assert "put {split} in the path" in text and 'interrupt="stop"' in text

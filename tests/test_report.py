@@ -17,6 +17,7 @@ from pytest_resume_equiv.report import (
     format_outcome,
     format_plan_summary,
     format_summary_table,
+    outcome_failure,
 )
 from pytest_resume_equiv.signature import read_run
 
@@ -124,7 +125,9 @@ def test_a_failed_launch_shows_the_failing_rank_first_with_its_last_lines(tmp_pa
 
 def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     _, outcome = outcome_with(tmp_path, resumed_loss=lambda s, r: s)
-    run = RunRecord.of(outcome)
+    outcome.verdicts[0].diagnosis = Diagnosis("rank 0, step 4: it was not restored", "cpu RNG")
+    outcome.teeth = TeethCheck("cancelled", "the resume from step 3 diverged")
+    run = RunRecord.of(outcome, outcome_failure(outcome), ["a warning"])
     assert [(x.name, x.role) for x in run.launches] == [
         ("uninterrupted", "uninterrupted"),
         ("resumed-split3", "resumed"),
@@ -134,7 +137,24 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     data = json.loads(json.dumps(record.to_json()))
     assert (data["launches"], data["reused_launches"]) == (2, 1)
     assert data["first_divergence"] == "split 3: step 4, rank 0, 'loss'"
-    assert data["runs"][0]["verdicts"][0]["first_divergence"]["resumed"] == "4"
+    (verdict,) = data["runs"][0]["verdicts"]
+    assert verdict["first_divergence"]["resumed"] == "4"
+    assert verdict["likely_cause"] == {
+        "class": "cpu RNG",
+        "cause": "rank 0, step 4: it was not restored",
+        "notes": [],
+    }
+    assert data["runs"][0]["teeth"] == {
+        "status": "cancelled",
+        "why": "the resume from step 3 diverged",
+    }
+    assert data["runs"][0]["control"] == {
+        "ran": False,
+        "deterministic": None,
+        "first_difference": "",
+    }
+    assert data["runs"][0]["warnings"] == ["a warning"]
+    assert [x["status"] for x in data["runs"][0]["launches"]] == ["ok", "ok"]
     assert TestRecord.from_json(data) == record
     report = report_json([record, other])
     assert report["format"] == "pytest-resume-equiv/report" and report["version"] == 1
@@ -152,4 +172,48 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     ]
     assert table[2].split()[:7] == ["t.py::test_b", "1", "3", "2", "(1", "reused)", "3.2s"]
     assert table[2].endswith("failed   split 3: step 4, rank 0, 'loss'")
-    assert record.junit_properties()[1] == ("resume_equiv_launches", 2)
+    props = dict(record.junit_properties())
+    assert props["resume_equiv_launches"] == 2
+    assert (
+        props["resume_equiv_likely_cause"]
+        == "split 3: cpu RNG: rank 0, step 4: it was not restored"
+    )
+    assert props["resume_equiv_teeth_check"] == "cancelled: the resume from step 3 diverged"
+    assert props["resume_equiv_warnings"] == "a warning"
+    assert (
+        props["resume_equiv_proved"]
+        == record.proved()
+        == (
+            "t.py::test_b failed: launches uninterrupted (reused: run for test_a.py::test_first), "
+            "resumed-split3; teeth check cancelled (the resume from step 3 diverged)"
+        )
+    )
+
+
+def test_a_killed_launch_is_killed_as_planned_and_an_interrupted_run_counts_what_ran(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, interrupt="kill")
+    first = result_of(plan.interrupted[0])
+    first.killed_after_step = 4
+    first.returncodes = [-9]
+    outcome = ResumeOutcome(plan)
+    outcome.launches = [result_of(plan.uninterrupted[0]), first]
+    assert first.status == "killed as planned"
+    assert "interrupted-split3: 1 ranks, 1.2s, killed as planned, " in format_plan_summary(outcome)
+    run = RunRecord.of(outcome, "interrupted", stopped=[plan.resumed[0]])
+    assert [(x.name, x.status, x.ok) for x in run.launches] == [
+        ("uninterrupted", "ok", True),
+        ("interrupted-split3", "killed as planned", True),
+        ("resumed-split3", "interrupted", False),
+    ]
+    record = TestRecord("t.py::test_k", "failed", "interrupted", 6, [3], 1, "cpu", 1.0, [run])
+    assert (record.launches, record.first_divergence) == (3, "interrupted")
+
+
+def test_every_failure_has_a_few_words_for_the_table(tmp_path):
+    plan, outcome = outcome_with(tmp_path)
+    outcome.teeth = TeethCheck("failed", "matched", outcome.verdicts[0].comparison)
+    assert outcome_failure(outcome).startswith("no teeth: ")
+    _, diverged = outcome_with(tmp_path / "d", resumed_loss=lambda s, r: s)
+    _, control = outcome_with(tmp_path / "c", resumed_loss=lambda s, r: s + 1)
+    diverged.nondeterministic = control.verdicts[0].comparison
+    assert outcome_failure(diverged) == "not deterministic without a resume: step 4, rank 0, 'loss'"

@@ -2,6 +2,7 @@
 interrupted first launches and two nodes. Each becomes a clear verdict, keeps what it learned,
 and leaves no process behind."""
 
+import json
 import os
 import signal
 import subprocess
@@ -157,6 +158,9 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers,
         "resume-equiv: interrupted; every launch was killed; partial run directories kept: "
         in output
     )
+    # the summary counts the launch that was running when the test was interrupted
+    row = next(x for x in output.splitlines() if x.startswith("test_long.py::test_long "))
+    assert row.split()[1:4] == ["2", "2", "1"] and row.split()[-2:] == ["interrupted"] * 2, row
     kept = output.split("partial run directories kept: ", 1)[1].splitlines()[0].split(", ")
     assert all(os.path.isdir(path) for path in kept), kept
     assert any(os.path.exists(os.path.join(p, "logs", "rank-1.stderr")) for p in kept)
@@ -188,8 +192,22 @@ def test_interrupt_modes_stop_and_kill(trainers):
             resume_equiv.run(train_saves_in_background)
         """
     )
-    result = trainers.runpytest_subprocess(*CPU)
+    result = trainers.runpytest_subprocess(*CPU, "-v", "-rP", "--resume-equiv-report=r.json")
     result.assert_outcomes(passed=2, failed=1)
+    # the launch killed on purpose is not a failure, in every place that lists launches
+    text = result.stdout.str()
+    assert "resume-equiv: interrupted-split2 (1 ranks): killed as planned, step 3/5" in text
+    assert "interrupted-split2 (killed as planned)" in text  # the -v line after the test
+    assert "interrupted-split2: 1 ranks, " in text and "s, killed as planned, " in text
+    assert "interrupted-split2: 1 ranks" not in [x for x in result.stdout.lines if "FAILED" in x]
+    report = json.loads((trainers.path / "r.json").read_text())
+    kill = next(t for t in report["tests"] if t["test"].endswith("::test_kill"))
+    (first,) = [x for x in kill["runs"][0]["launches"] if x["name"] == "interrupted-split2"]
+    assert (first["status"], first["ok"], first["killed_after_step"]) == (
+        "killed as planned",
+        True,
+        3,
+    )
     result.stdout.fnmatch_lines(
         [
             "*the resumed launch (resumed-split2) failed*",

@@ -152,3 +152,15 @@ def test_progress_lines_name_the_launch_its_ranks_and_its_steps(tmp_path):
     )
     assert lines[1].startswith("uninterrupted (2 ranks): ok, step 0/6 recorded on every rank, ")
     assert lines[2].startswith("resumed-split3 (2 ranks): running, step 0/6")
+
+
+def test_unfinished_names_the_launches_running_when_the_loop_stopped(tmp_path):
+    _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
+    log = []
+    start, _ = starter(log, ticks=1000)
+    scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
+    for planned in plan.launches:
+        scheduler.add(planned)
+    scheduler.loop_once(lambda job, result: None)
+    # the uninterrupted launch runs; the resumed one waits at its gate: it did not run
+    assert [p.name for p in scheduler.unfinished()] == ["uninterrupted"]

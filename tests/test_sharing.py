@@ -70,8 +70,14 @@ def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
             launch(resume_equiv)
         """
     )
-    result = pytester.runpytest_subprocess(*CPU, "-n", "2", "-rP", "--resume-equiv-report=r.json")
+    result = pytester.runpytest_subprocess(
+        *CPU, "-n", "2", "-rP", "-v", "--resume-equiv-report=r.json"
+    )
     result.assert_outcomes(passed=6)
+    # -v: the workers' tests say what they proved too, reuse included
+    result.stdout.fnmatch_lines(
+        ["*resume-equiv: test_share.py::test_* passed: launches uninterrupted (reused: run for *"]
+    )
     assert sorted(counter.read_text().split()) == ["3", "4"]  # 2 uninterrupted launches ran
     assert "(reused: run for test_share.py::test_many[" in result.stdout.str()
     dirs = [line.split()[1:] for line in result.stdout.lines if line.startswith("RUN_DIR ")]

@@ -56,6 +56,21 @@ def test_model_trains_and_round_trips_through_a_directory(tmp_path):
     )
 
 
+def test_the_wan_extra_loads_the_model_dir_with_from_pretrained(toy_wan_model_dir, toy_wan):
+    """`pip install 'pytest-resume-equiv[wan]'` alone must let diffusers load the toy model
+    directory: Wan keeps some modules in fp32, which diffusers loads only with accelerate."""
+    from importlib.metadata import requires
+
+    wan_extra = [r for r in requires("pytest-resume-equiv") if 'extra == "wan"' in r]
+    assert any(r.startswith("accelerate") for r in wan_extra), wan_extra
+    from diffusers import WanTransformer3DModel
+
+    loaded = WanTransformer3DModel.from_pretrained(toy_wan_model_dir)
+    built = toy_wan(seed=0)
+    assert loaded.state_dict().keys() == built.state_dict().keys()
+    assert all(torch.equal(a, loaded.state_dict()[k]) for k, a in built.state_dict().items())
+
+
 def test_condition_rng_state_round_trip():
     a, b = ToyFlowMatchingCondition(seed=5, dp_rank=0), ToyFlowMatchingCondition(seed=5, dp_rank=1)
     latents, text = torch.zeros(2, 4, 2, 4, 4), torch.zeros(2, 4, 16)

@@ -5,7 +5,8 @@ Sections per watched object: `params` / `buffers` (hash per tensor, plus norms s
 rounding-level difference can be told apart), `modes` (modules in eval mode), and for
 optimizers `lr`, `hyper`, `state` (each moment / step count) and `params` (the tensors the
 optimizer updates: fp32 master weights when they are not the model's). Anything else is
-stored through its `state_dict()` when it has one.
+stored through its `state_dict()` when it has one. An accelerate `Accelerator` stands for
+everything it checkpoints (integrations/accelerate.py), looked up at each audit.
 """
 
 from __future__ import annotations
@@ -62,10 +63,21 @@ def _tensors(named: Any) -> dict[str, Any]:
     return {name: _fingerprint(t) for name, t in named}
 
 
-def _param_names() -> dict[int, str]:
+def _objects() -> dict[str, Any]:
+    """The watched objects by name, an accelerate `Accelerator` replaced by what it holds now
+    (it prepares its model, optimizer and loaders after it is made)."""
+    from ..integrations.accelerate import checkpointed_objects, is_accelerator
+
+    out: dict[str, Any] = {}
+    for name, obj in _watched.items():
+        out.update(checkpointed_objects(obj) if is_accelerator(obj) else {name: obj})
+    return out
+
+
+def _param_names(objects: dict[str, Any]) -> dict[int, str]:
     names: dict[int, str] = {}
     torch = sys.modules.get("torch")
-    for obj_name, obj in _watched.items():
+    for obj_name, obj in objects.items():
         if torch is not None and isinstance(obj, torch.nn.Module):
             for pname, param in obj.named_parameters():
                 names.setdefault(id(param), f"{obj_name}.{pname}")
@@ -130,18 +142,20 @@ def audit() -> dict[str, Any]:
     if not _watched:
         return {}
     torch = sys.modules["torch"]
-    names = _param_names()
+    objects = _objects()
     out: dict[str, Any] = {}
     _seen.clear()
     try:
-        _audit_into(out, torch, names)
+        _audit_into(out, torch, objects, _param_names(objects))
     finally:
         _seen.clear()  # never keep ids across steps: a freed tensor's id can be reused
     return out
 
 
-def _audit_into(out: dict[str, Any], torch: Any, names: dict[int, str]) -> None:
-    for name, obj in _watched.items():
+def _audit_into(
+    out: dict[str, Any], torch: Any, objects: dict[str, Any], names: dict[int, str]
+) -> None:
+    for name, obj in objects.items():
         if isinstance(obj, torch.nn.Module):
             sections = _module(obj)
         elif isinstance(obj, torch.optim.Optimizer):
