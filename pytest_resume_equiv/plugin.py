@@ -13,6 +13,7 @@ One resume test, from the marker to the verdict:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 from collections.abc import Generator
@@ -117,14 +118,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def _progress_writer(config: pytest.Config) -> Optional[Callable[[str], None]]:
-    """With -v (and not inside a pytest-xdist worker), a line per launch event."""
+    """With -v (and not inside a pytest-xdist worker), a line per launch event, written as
+    it happens: output capture is suspended for the line, as pytest's live logging does."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or config.option.verbose < 1 or is_xdist_worker(config):
         return None
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def write(text: str) -> None:
-        reporter.ensure_newline()
-        reporter.write_line(f"    resume-equiv: {text}")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(f"    resume-equiv: {text}")
 
     return write
 

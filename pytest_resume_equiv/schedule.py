@@ -146,8 +146,10 @@ class Scheduler:
             if handle is None:
                 return  # no free device yet: ask again next turn
             job.handle = handle
-            job.gate_opened_at = time.monotonic() if handle.gate_open else 0.0
             active.append(job)
+            if handle.gate_open:  # a launch that reads no checkpoint (a shared one) runs now
+                job.gate_opened_at = time.monotonic()
+                self._progress(job, "running")
 
     def _open_gates(self) -> None:
         active = [j for j in self.jobs if j.started]

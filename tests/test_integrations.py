@@ -163,7 +163,7 @@ def test_example_resumes_exactly_and_catches_its_bug(pytester, example):
     assert watched == watched_objects
 
 
-def test_watching_an_accelerator_watches_what_save_state_saves(in_rank):
+def test_watching_an_accelerator_watches_what_save_state_saves(in_rank, monkeypatch):
     """`req.watch(accelerator=...)` before `prepare()`: each record reads the prepared model,
     optimizer and scheduler (unwrapped), and the objects registered for checkpointing."""
     if importlib.util.find_spec("accelerate") is None:
@@ -186,6 +186,9 @@ def test_watching_an_accelerator_watches_what_save_state_saves(in_rank):
             self.n = state["n"]
 
     in_rank()
+    assert req.context() is not None  # read now: accelerate must not see a distributed launch
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name)
     accelerator = Accelerator(cpu=True)
     req.watch(accelerator=accelerator)
     assert watch.audit() == {}  # nothing prepared yet

@@ -61,11 +61,12 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     req.watch(accelerator=accelerator)  # the model, optimizer and scheduler save_state saves
 
-    step, first_epoch, skip = 0, 0, 0
+    step, first_epoch, skip, restored_rng = 0, 0, 0, None
     if args.resume_from:
-        accelerator.load_state(args.resume_from)
+        accelerator.load_state(args.resume_from)  # also every process's RNG states
         step = int(os.path.basename(args.resume_from).split("_")[-1])
         first_epoch, skip = divmod(step, len(loader))
+        restored_rng = torch.get_rng_state()
 
     for epoch in range(first_epoch, args.max_steps):
         loader.set_epoch(epoch)  # the sampler's permutation is the epoch's, resumed or not
@@ -74,6 +75,12 @@ def main() -> None:
             batches = accelerator.skip_first_batches(loader, skip)
         model.train()
         for x, y, ids in batches:
+            if restored_rng is not None:
+                # The DataLoader iterator drew its base seed from the CPU RNG when it started
+                # (the first batch). The uninterrupted run did that before it saved, at the
+                # start of this epoch; here it came after load_state: restore the RNG again.
+                torch.set_rng_state(restored_rng)
+                restored_rng = None
             loss = nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
             optimizer.step()
