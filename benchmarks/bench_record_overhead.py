@@ -1,9 +1,15 @@
-"""What `record` + `watch` add to a training step of a model with more than 10M parameters.
+"""What `record` + `watch` add to a training step of a model with more than 10M parameters,
+what the restore log and the resume-point hook add outside the window, and what the window's
+draw trace costs inside it.
 
 One process plays one rank: the same training loop runs with the in-rank API switched off
-(no run context: every call is a no-op) and switched on (a run context, `watch(model=,
+(no run context: every call is a no-op), switched on (a run context, `watch(model=,
 optimizer=, scheduler=)`, `record(step, loss=, ...)` every step, which fingerprints every
-parameter, every optimizer moment and every RNG stream). Target: at most 3% of the step.
+parameter, every optimizer moment and every RNG stream), and on with the rest of the
+bootstrap's audit installed (restore functions wrapped, the global forward pre-hook).
+Targets: record + watch at most 3% of the step; the restore log and the hook under 1% more.
+The window (from the load to the first resumed step) is traced, op by op: its cost is that
+of a step run inside it, measured last.
 
     python benchmarks/bench_record_overhead.py [--steps 10]
 """
@@ -67,6 +73,39 @@ def step_times(
     return train, recording
 
 
+def install_audit() -> None:
+    """What the bootstrap installs before the user's code (rank/bootstrap.py)."""
+    from pytest_resume_equiv.rank import restore, resume_point
+
+    restore.install_torch()
+    restore.install_host()
+    resume_point.install(req.context())
+
+
+def window_factor(steps: int, tokens: tuple[int, int]) -> float:
+    """Median step time with the draw trace active over the median without it."""
+    from pytest_resume_equiv.rank.trace import DrawTrace
+
+    model, opt, _ = build()
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for step in range(2 * steps + 2):
+        traced = step % 2 == 1
+        window = DrawTrace()
+        if traced:
+            window.start()
+        start = time.perf_counter()
+        x = torch.randint(0, 1024, tokens)
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 1024), x.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        window.stop()
+        if step > 1:
+            times[traced].append(elapsed)
+    return median_of(times[True]) / median_of(times[False])
+
+
 def api(on: bool, run_dir: str) -> None:
     """Switch the in-rank API on (a run context, as the bootstrap gives a rank) or off."""
     record_module.close()
@@ -91,16 +130,26 @@ def main() -> None:
     run_dir = tempfile.mkdtemp(prefix="bench-record-")
     rows = [["variant", "median step s", "median in record s", "record / step"]]
     shares = []
-    for label, on in (("API off", False), ("record + watch", True)):
+    medians = {}
+    variants = (
+        ("API off", False, False),
+        ("record + watch", True, False),
+        ("+ restore log, resume-point hook", True, True),
+    )
+    for label, on, audit in variants:
         api(on, run_dir)
+        if audit:
+            install_audit()  # once: the wrappers stay, as in a rank
         train, recording = step_times(args.steps, on, (args.batch, args.seq))
         api(False, run_dir)
+        medians[label] = median_of(train) + median_of(recording)
         share = median_of(recording) / median_of(train)
         if on:
             shares.append(share)
         rows.append(
             [label, f"{median_of(train):.3f}", f"{median_of(recording):.4f}", f"{share * 100:.2f}%"]
         )
+    window = window_factor(args.steps, (args.batch, args.seq))
     print(machine())
     print(
         f"model: {params / 1e6:.1f}M parameters (4-layer transformer, d=512), AdamW, batch "
@@ -111,6 +160,9 @@ def main() -> None:
         "record + watch fingerprint every parameter, both AdamW moments and every RNG stream "
         "and write one signature line per step; target: <= 3% of the step"
     )
+    extra = medians["+ restore log, resume-point hook"] / medians["record + watch"] - 1
+    print(f"restore log + resume-point hook outside the window: {extra * 100:+.2f}% (target < 1%)")
+    print(f"a step inside the window (every op traced): {window:.2f}x a step outside it")
 
 
 if __name__ == "__main__":

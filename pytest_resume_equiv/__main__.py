@@ -71,10 +71,9 @@ def compare(args: argparse.Namespace) -> int:
         steps = max((step for sig in base.values() for step, _ in sig.steps), default=0)
     comparison = compare_runs(base, res, split, steps)
     print(format_comparison(comparison))
-    if comparison.divergence is not None:
-        base_steps = {rank: sig.by_step() for rank, sig in base.items()}
-        res_steps = {rank: sig.by_step() for rank, sig in res.items()}
-        for line in format_diagnosis(diagnose(comparison, base_steps, res_steps)):
+    diagnosis = diagnose(comparison, base, res)
+    if diagnosis is not None:
+        for line in format_diagnosis(diagnosis):
             print(line)
     return EQUAL if comparison.equal else DIVERGED
 

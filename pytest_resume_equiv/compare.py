@@ -8,27 +8,15 @@ diff between step 1 of one run and step 4 of the other would only confuse.
 
 from __future__ import annotations
 
-import fnmatch
-import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .rank.encode import decode_float
 from .rank.layout import FLOAT_TAG, TENSOR_TAG
+from .relax import ToleranceRule, close, ignored, latent, tolerance_for, without_ignored
 from .signature import Signature
-
-ToleranceRule = tuple[str, float, float]
-"""(key pattern, rtol, atol); the first matching pattern applies."""
-
-
-@dataclass(frozen=True)
-class StepProblem:
-    kind: str
-    rank: int
-    steps: tuple[int, ...]
-    message: str
+from .step_problems import StepProblem, step_problems
 
 
 @dataclass(frozen=True)
@@ -57,165 +45,15 @@ class Comparison:
     context: list[tuple[int, Any, Any]] = field(default_factory=list)
     """(step, uninterrupted value, resumed value) of the divergent key on its rank, around
     the first divergent step, for a report with limited context."""
+    latent: list[str] = field(default_factory=list)
+    """"rank R: rng:..." streams that differ but that no compared step draws from: let pass,
+    and warned about (unless strict)."""
+    ignored: list[str] = field(default_factory=list)
+    """Audited keys and fields left out because an `ignore=` pattern names them."""
 
     @property
     def equal(self) -> bool:
         return not self.problems and self.divergence is None
-
-
-EARLY_STOP = (
-    " (a data iterator saved exhausted at an epoch boundary, or a stop condition that counts "
-    "from the resume?)"
-)
-
-
-def steps_text(steps: Sequence[int]) -> str:
-    """'step 4' or 'steps 1-3, 5'."""
-    return f"{'step' if len(set(steps)) == 1 else 'steps'} {step_ranges(steps)}"
-
-
-def step_ranges(steps: Sequence[int]) -> str:
-    """Compact step list: 1-3, 5, 7-8."""
-    items = sorted(set(steps))
-    parts: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _order_problems(sig: Signature, run: str) -> list[StepProblem]:
-    problems = []
-    counts = Counter(step for step, _ in sig.steps)
-    dupes = sorted(step for step, n in counts.items() if n > 1)
-    if dupes:
-        problems.append(
-            StepProblem(
-                "duplicate",
-                sig.rank,
-                tuple(dupes),
-                f"rank {sig.rank}: the {run} run recorded {steps_text(dupes)} more than once "
-                "(record() must be called once per step)",
-            )
-        )
-    order = [s for s, _ in sig.steps]
-    if any(b < a for a, b in zip(order, order[1:])):
-        problems.append(
-            StepProblem(
-                "out-of-order",
-                sig.rank,
-                tuple(order),
-                f"rank {sig.rank}: the {run} run recorded steps out of order ({', '.join(map(str, order[:12]))})",
-            )
-        )
-    return problems
-
-
-def _step_problems(
-    rank: int, base: Signature, resumed: Signature, split: int, steps: int
-) -> list[StepProblem]:
-    problems = _order_problems(base, "uninterrupted") + _order_problems(resumed, "resumed")
-    expected = set(range(split + 1, steps + 1))
-    got = set(resumed.by_step())
-    base_missing = sorted(expected - set(base.by_step()))
-    if base_missing:
-        problems.append(
-            StepProblem(
-                "uninterrupted-missing",
-                rank,
-                tuple(base_missing),
-                f"rank {rank}: the uninterrupted run never recorded {steps_text(base_missing)} "
-                f"(it must record every step 1-{steps})",
-            )
-        )
-    if got != expected:
-        whole = _whole_run_problem(rank, got, expected, split)
-        problems += [whole] if whole else _resumed_step_problems(rank, got, split, steps)
-    return problems
-
-
-def _whole_run_problem(
-    rank: int, got: set[int], expected: set[int], split: int
-) -> Optional[StepProblem]:
-    """A resumed run that recorded nothing, or every step under another number."""
-    if not got:
-        return StepProblem(
-            "missing",
-            rank,
-            tuple(sorted(expected)),
-            f"rank {rank}: the resumed run recorded no steps (expected {step_ranges(expected)}): "
-            f"it stopped right after loading{EARLY_STOP}, or it never calls "
-            "pytest_resume_equiv.record(step, ...) once a run is resumed",
-        )
-    shift = min(got) - (split + 1)
-    if shift and got == {s + shift for s in expected}:
-        return StepProblem(
-            "shifted",
-            rank,
-            tuple(sorted(got)),
-            f"rank {rank}: the resumed run's step numbers are shifted by {shift:+d}: it recorded "
-            f"steps {step_ranges(got)} where the uninterrupted run recorded "
-            f"{step_ranges(expected)} after the split at step {split}; the step counter was "
-            f"saved or restored off by {abs(shift)}",
-        )
-    return None
-
-
-def _resumed_step_problems(rank: int, got: set[int], split: int, steps: int) -> list[StepProblem]:
-    """Steps the resumed run did again (at or before the split), skipped, or ran past the end."""
-    problems = []
-    replayed = sorted(s for s in got if s <= split)
-    if replayed == [split]:
-        problems.append(
-            StepProblem(
-                "re-executed",
-                rank,
-                (split,),
-                f"rank {rank}: the resumed run re-executed step {split}, the step the checkpoint "
-                "was saved after: the global step counter was saved or restored off by one",
-            )
-        )
-    elif replayed:
-        problems.append(
-            StepProblem(
-                "re-executed",
-                rank,
-                tuple(replayed),
-                f"rank {rank}: the resumed run re-executed {steps_text(replayed)}, which the "
-                f"checkpoint saved at step {split} had already done; the resume restarted "
-                f"from step {min(replayed)} instead of continuing at step {split + 1} "
-                "(step counter not restored?)",
-            )
-        )
-    expected = set(range(split + 1, steps + 1))
-    missing = sorted(expected - got)
-    if missing:
-        early = missing[-1] == steps and got < expected
-        problems.append(
-            StepProblem(
-                "missing",
-                rank,
-                tuple(missing),
-                f"rank {rank}: the resumed run never recorded {steps_text(missing)} "
-                f"(expected every step {split + 1}-{steps})"
-                + (f": it stopped early{EARLY_STOP}" if early else ""),
-            )
-        )
-    extra = sorted(s for s in got if s > steps)
-    if extra:
-        problems.append(
-            StepProblem(
-                "extra",
-                rank,
-                tuple(extra),
-                f"rank {rank}: the resumed run recorded {steps_text(extra)}, past steps={steps}",
-            )
-        )
-    return problems
 
 
 def is_audit_key(key: str) -> bool:
@@ -223,20 +61,15 @@ def is_audit_key(key: str) -> bool:
     return ":" in key
 
 
-def _tolerance_for(key: str, rules: Sequence[ToleranceRule]) -> Optional[tuple[float, float]]:
-    for pattern, rtol, atol in rules:
-        if fnmatch.fnmatchcase(key, pattern):
-            return rtol, atol
-    return None
+def is_identity_key(key: str) -> bool:
+    """Sample identities (`sample_ids`, `ids`, `*_ids`): what a step consumed, which the
+    values it computed follow from; shown first when both differ."""
+    return key in ("ids", "sample_ids") or key.endswith("_ids")
 
 
-def _close(a: float, b: float, tol: Optional[tuple[float, float]]) -> bool:
-    if tol is None:
-        return False
-    if math.isnan(a) or math.isnan(b):
-        return False
-    rtol, atol = tol
-    return abs(a - b) <= atol + rtol * abs(a)
+def causal_order(key: str) -> tuple[bool, bool, str]:
+    """The user's keys before the audit's, sample identities first among them."""
+    return (is_audit_key(key), not is_identity_key(key), key)
 
 
 def _numbers(values: Any) -> list[float]:
@@ -250,7 +83,7 @@ def value_difference(
     """First difference between two encoded values: (path, a part, b part, why), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
         if FLOAT_TAG in a and FLOAT_TAG in b:
-            if a[FLOAT_TAG] == b[FLOAT_TAG] or _close(decode_float(a), decode_float(b), tol):
+            if a[FLOAT_TAG] == b[FLOAT_TAG] or close(decode_float(a), decode_float(b), tol):
                 return None
             return path, a, b, "float differs"
         if TENSOR_TAG in a and TENSOR_TAG in b:
@@ -295,39 +128,88 @@ def _tensor_difference(a: dict, b: dict, path: str, tol: Optional[tuple[float, f
             keys = sorted(set(a.get("stats", {})) & set(b.get("stats", {})))
             xs = _numbers(a["stats"][k] for k in keys)
             ys = _numbers(b["stats"][k] for k in keys)
-        if all(x == y or _close(x, y, tol) for x, y in zip(xs, ys)):
+        if all(x == y or close(x, y, tol) for x, y in zip(xs, ys)):
             return None
     return path, tagged_a, tagged_b, "contents differ"
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """How one comparison compares: tolerances, ignored items, latent streams."""
+
+    tolerance: Sequence[ToleranceRule] = ()
+    user_only: bool = False
+    ignore: Sequence[str] = ()
+    strict_latent: bool = False
+
+
 def _differences(
-    step: int,
-    rank: int,
-    a: dict[str, Any],
-    b: dict[str, Any],
-    tolerance: Sequence[ToleranceRule],
-    user_only: bool,
+    step: int, rank: int, a: dict[str, Any], b: dict[str, Any], rules: _Rules, result: Comparison
 ) -> list[Divergence]:
-    """Every key that differs between one rank's records `a` and `b` of one step, the
-    user's own keys first: they are what the report shows; the audit explains them."""
+    """Every key that differs between one rank's records `a` and `b` of one step, in causal
+    order: they are what the report shows; the audit explains them."""
     keys = set(a) | set(b)
-    if user_only:
+    if rules.user_only:
         keys = {k for k in keys if not is_audit_key(k)}
-    elif tolerance:
+    elif rules.tolerance:
         # Watched tensors are kept as fingerprints only, which a tolerance cannot apply to;
         # RNG states stay exact either way.
         keys = {k for k in keys if not k.startswith("watch:")}
     found = []
-    for key in sorted(keys, key=lambda k: (is_audit_key(k), k)):
-        if key not in a or key not in b:
-            run = "uninterrupted" if key in a else "resumed"
-            diff = (key, a.get(key), b.get(key), f"recorded by the {run} run only")
-        else:
-            diff = value_difference(a[key], b[key], key, _tolerance_for(key, tolerance))
-        if diff is not None:
-            path, x, y, why = diff
-            found.append(Divergence(step, rank, key, path, x, y, why))
+    for key in sorted(keys, key=causal_order):
+        if is_audit_key(key) and ignored(key, rules.ignore):
+            _note(result.ignored, key)
+            continue
+        found += _difference(step, rank, key, a, b, rules, result)
     return found
+
+
+def _difference(
+    step: int, rank: int, key: str, a: dict, b: dict, rules: _Rules, result: Comparison
+) -> list[Divergence]:
+    if key not in a or key not in b:
+        run = "uninterrupted" if key in a else "resumed"
+        return [
+            Divergence(
+                step, rank, key, key, a.get(key), b.get(key), f"recorded by the {run} run only"
+            )
+        ]
+    x, dropped_a = without_ignored(key, a[key], rules.ignore)
+    y, dropped_b = without_ignored(key, b[key], rules.ignore)
+    for path in dropped_a + dropped_b:
+        _note(result.ignored, path)
+    diff = value_difference(x, y, key, tolerance_for(key, rules.tolerance))
+    if diff is None:
+        return []
+    path, x, y, why = diff
+    return [Divergence(step, rank, key, path, x, y, why)]
+
+
+def _note(seen: list[str], item: str) -> None:
+    if item not in seen:
+        seen.append(item)
+
+
+def _without_latent(
+    found: list[Divergence],
+    rank: int,
+    base: dict[int, dict[int, dict[str, Any]]],
+    res: dict[int, dict[int, dict[str, Any]]],
+    split: int,
+    rules: _Rules,
+    result: Comparison,
+) -> list[Divergence]:
+    """Random streams nothing draws from after the split pass (noted), unless strict; the
+    rest of the differences stand."""
+    if rules.strict_latent or rules.user_only:
+        return found
+    kept = []
+    for d in found:
+        if latent(d.key, base[rank], res[rank], split):
+            _note(result.latent, f"rank {rank}: {d.key}")
+        else:
+            kept.append(d)
+    return kept
 
 
 def compare_runs(
@@ -338,12 +220,17 @@ def compare_runs(
     tolerance: Sequence[ToleranceRule] = (),
     user_only: bool = False,
     skip_steps: int = 0,
+    ignore: Sequence[str] = (),
+    strict_latent: bool = False,
 ) -> Comparison:
     """Compare every rank of a resumed launch with the uninterrupted launch.
 
     `user_only` ignores the automatic audit keys and `skip_steps` the first resumed steps:
-    the teeth check compares only what the user recorded after its mutation.
+    the teeth check compares only what the user recorded after its mutation. `ignore`:
+    patterns of audited keys or fields left out; a latent stream (nothing draws from it in
+    the compared steps) passes with a note in `latent`, unless `strict_latent`.
     """
+    rules = _Rules(tolerance, user_only, ignore, strict_latent)
     world_size = max(len(uninterrupted), len(resumed))
     result = Comparison(split=split, steps=steps, world_size=world_size)
     for rank in range(world_size):
@@ -356,7 +243,7 @@ def compare_runs(
             )
             continue
         result.problems.extend(
-            _step_problems(rank, uninterrupted[rank], resumed[rank], split, steps)
+            step_problems(rank, uninterrupted[rank], resumed[rank], split, steps)
         )
     if result.problems:
         return result
@@ -369,15 +256,17 @@ def compare_runs(
         found: list[Divergence] = []
         for rank in range(world_size):
             here = _differences(
-                step, rank, base_steps[rank][step], res_steps[rank][step], tolerance, user_only
+                step, rank, base_steps[rank][step], res_steps[rank][step], rules, result
             )
+            here = _without_latent(here, rank, base_steps, res_steps, split, rules, result)
             if here:
                 result.divergent_keys[rank] = [d.key for d in here]
                 found += here
         if found:
-            # Shown first: a key the user recorded (lowest rank, then name), else an audit key;
-            # the audit explains a divergence, the user's values are what they recognise.
-            result.divergence = min(found, key=lambda d: (is_audit_key(d.key), d.rank, d.key))
+            # Shown first: a key the user recorded (a sample identity first, lowest rank),
+            # else an audit key; the audit explains, the user's values are what they know.
+            first = min(found, key=lambda d: (causal_order(d.key)[:2], d.rank, d.key))
+            result.divergence = first
             break
     div = result.divergence
     if div is not None:

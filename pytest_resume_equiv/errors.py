@@ -9,3 +9,8 @@ class ResumeEquivError(Exception):
 
 class ResumeEquivWarning(UserWarning):
     """Something the test author should know that does not change the verdict."""
+
+
+class SettingError(ValueError):
+    """A bad option or marker value; the message names the value, its source and the valid
+    choices."""

@@ -193,32 +193,29 @@ class ResumeEquiv:
             return None, self._failed_to_run(outcome, exc)
         except BaseException:  # Ctrl-C, SIGTERM: keep what ran for the summary
             stopped = scheduler.unfinished()
-            self.runs.append(RunRecord.of(outcome, "interrupted", plan.warnings, stopped))
+            self.runs.append(RunRecord.of(outcome, "interrupted", stopped=stopped))
             raise
         self.launching = False
         self.outcome = outcome
         self.report_section(format_plan_summary(outcome))
+        for text in outcome.warnings:
+            warnings.warn(ResumeEquivWarning(text), stacklevel=3)
         if not outcome.equal:
-            record = RunRecord.of(outcome, outcome_failure(outcome), plan.warnings)
+            record = RunRecord.of(outcome, outcome_failure(outcome))
             self.runs.append(record)
             record.plots = self._plots(outcome)
             text = format_outcome(outcome, self.root.kept_text())
             return None, text + "".join(f"\nplot: {path}" for path in record.plots)
         deaths = format_shutdown_deaths(outcome.launches)
         strict = bool(deaths) and self.settings.strict_shutdown
-        self.runs.append(
-            RunRecord.of(
-                outcome,
-                "ranks died in interpreter shutdown (strict)" if strict else "",
-                [*plan.warnings, *([deaths] if deaths and not strict else [])],
-            )
-        )
+        failed = "ranks died in interpreter shutdown (strict)" if strict else ""
+        self.runs.append(RunRecord.of(outcome, failed, [deaths] if deaths and not strict else []))
         failure = _shutdown_deaths(outcome.launches, self.settings.strict_shutdown, stacklevel=3)
         return (None, failure) if failure else (outcome, "")
 
     def _failed_to_run(self, outcome: ResumeOutcome, exc: ResumeEquivError) -> str:
         """A launch failed, or a launch's output cannot be compared: the failure text."""
-        self.runs.append(RunRecord.of(outcome, str(exc), outcome.plan.warnings))
+        self.runs.append(RunRecord.of(outcome, str(exc)))
         self.report_section(format_plan_summary(outcome))
         if isinstance(exc, LaunchFailed):
             failure = format_launch_failure(exc.result, ROLE_WORDS.get(exc.role, exc.role))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from .compare import Comparison, compare_runs
+from .compare import Comparison, compare_runs, is_audit_key
 from .diagnose import Diagnosis, diagnose
 from .errors import ResumeEquivError
 from .launch import LaunchResult
@@ -36,6 +36,8 @@ class SplitVerdict:
     uninterrupted_signatures: Signatures = field(default_factory=dict)
     signatures: Signatures = field(default_factory=dict)
     """Both runs' signatures as compared (for plots and reports, without reading them again)."""
+    values_match: bool = False
+    """Only audited state differs: every value the user recorded matched at every step."""
 
 
 @dataclass
@@ -58,6 +60,11 @@ class ResumeOutcome:
     teeth: TeethCheck = field(default_factory=lambda: TeethCheck("planned"))
     nondeterministic: Optional[Comparison] = None
     """Set when a second uninterrupted launch differed from the first."""
+    warnings: list[str] = field(default_factory=list)
+    """What the author should know though it does not fail the test (latent streams, a
+    training that changes nothing)."""
+    ignored: list[str] = field(default_factory=list)
+    """Audited items left out of the comparison (`ignore=`, `track(..., ignore=True)`)."""
 
     @property
     def resume_equal(self) -> bool:
@@ -113,6 +120,28 @@ def rng_advances_after(signatures: Signatures, split: int) -> bool:
         if not audited:
             return True  # nothing audited (too few steps, or audit off): keep the check
     return False
+
+
+def nothing_trains(signatures: Signatures) -> str:
+    """A warning when the uninterrupted run changes nothing: every recorded value is the same
+    at every step, or the watched parameters never change. Such a test proves little."""
+    for rank, sig in sorted(signatures.items()):
+        steps = [values for _, values in sig.steps]
+        if len(steps) < 2:
+            continue
+        user = {k for values in steps for k in values if ":" not in k}
+        params = {k for values in steps for k in values if k.endswith(".params")}
+        if user and all(len({repr(v.get(k)) for v in steps}) == 1 for k in user):
+            return (
+                f"rank {rank}: every value the uninterrupted run recorded ({', '.join(sorted(user))}) "
+                "is the same at every step: nothing trains, and a resume test of it proves little"
+            )
+        if params and all(len({repr(v.get(k)) for v in steps}) == 1 for k in params):
+            return (
+                f"rank {rank}: the watched parameters never change in the uninterrupted run: "
+                "nothing trains, and a resume test of it proves little"
+            )
+    return ""
 
 
 def missing_checkpoint(planned: PlannedLaunch, source: LaunchResult) -> str:
@@ -212,6 +241,9 @@ class Judge:
         self._check_checkpoints(planned, result)
         signatures = read_signatures(result)
         self.uninterrupted[planned.name] = (result, signatures)
+        idle = nothing_trains(signatures)
+        if idle:
+            self._warn(idle)
         teeth = self.plan.teeth
         if teeth is not None and teeth.uninterrupted is planned:
             if not rng_advances_after(signatures, teeth.splits[0]):
@@ -226,12 +258,24 @@ class Judge:
         base_result, base = self.uninterrupted[planned.uninterrupted.name]
         signatures = read_signatures(result)
         split = planned.splits[0]
+        marker = self.settings.marker
+        ignore = (*marker.ignore, *[n for sig in signatures.values() for n in sig.ignored])
         comparison = compare_runs(
-            base, signatures, split, self.settings.marker.steps, self.settings.marker.tolerance
+            base,
+            signatures,
+            split,
+            marker.steps,
+            marker.tolerance,
+            ignore=ignore,
+            strict_latent=self.settings.strict_latent,
         )
+        self._note(comparison, split, signatures)
         verdict = SplitVerdict(split, result, base_result, comparison, None, base, signatures)
+        verdict.diagnosis = diagnose(comparison, base, signatures)
         if comparison.divergence is not None:
-            verdict.diagnosis = diagnose(comparison, _by_step(base), _by_step(signatures))
+            if is_audit_key(comparison.divergence.key):
+                values = compare_runs(base, signatures, split, marker.steps, user_only=True)
+                verdict.values_match = values.equal
         self.outcome.verdicts.append(verdict)
         if not comparison.equal:
             self._teeth_done("cancelled", f"the resume from step {split} diverged")
@@ -271,6 +315,23 @@ class Judge:
         if not check.equal and self.outcome.nondeterministic is None:
             self.outcome.nondeterministic = check
 
+    def _note(self, cmp: Comparison, split: int, signatures: Signatures) -> None:
+        """What the comparison let pass, for the warnings and the report."""
+        for name in [n for sig in signatures.values() for n in sig.ignored] + cmp.ignored:
+            if name not in self.outcome.ignored:
+                self.outcome.ignored.append(name)
+        if cmp.latent:
+            self._warn(
+                f"split {split}: {', '.join(cmp.latent[:4])} differ after the resume, but no "
+                "compared step draws from them, so no recorded value changed: a latent "
+                "difference (not restored, or restored from another state) that a longer run "
+                "would see; restore it, or pass --resume-equiv-strict-latent to fail on it"
+            )
+
+    def _warn(self, text: str) -> None:
+        if text not in self.outcome.warnings:
+            self.outcome.warnings.append(text)
+
     def _teeth_done(self, status: str, why: str) -> None:
         """The teeth check ends without running: it could not matter, or no longer can."""
         if self.plan.teeth is not None and self.outcome.teeth.status == "planned":
@@ -290,7 +351,3 @@ def run_plan(
     scheduler.run(judge.on_done)
     judge.outcome.verdicts.sort(key=lambda v: v.split)
     return judge.outcome
-
-
-def _by_step(signatures: Signatures) -> dict[int, dict[int, dict[str, Any]]]:
-    return {rank: sig.by_step() for rank, sig in signatures.items()}

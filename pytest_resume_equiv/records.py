@@ -129,6 +129,8 @@ class RunRecord:
     failure: str = ""
     """Why the run failed, in a few words ("" when it passed)."""
     warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    """Audited items left out of the comparison on purpose."""
     plots: list[str] = field(default_factory=list)
 
     @classmethod
@@ -139,7 +141,8 @@ class RunRecord:
         warnings: Sequence[str] = (),
         stopped: Sequence[PlannedLaunch] = (),
     ) -> RunRecord:
-        """`stopped`: launches that were running when the test was interrupted."""
+        """`warnings`: beside the plan's and the outcome's; `stopped`: launches that were
+        running when the test was interrupted."""
         roles = {p.name: p.role for p in outcome.plan.all_launches}
         ran_control = any(roles.get(r.spec.name) == "control" for r in outcome.launches)
         odd = outcome.nondeterministic
@@ -159,7 +162,8 @@ class RunRecord:
                 "first_difference": first_difference(odd) if odd is not None else "",
             },
             failure=failure,
-            warnings=list(warnings),
+            warnings=[*outcome.plan.warnings, *outcome.warnings, *warnings],
+            ignored=list(outcome.ignored),
         )
 
     @classmethod
@@ -172,6 +176,7 @@ class RunRecord:
             control=dict(data.get("control", {})),
             failure=data.get("failure", ""),
             warnings=list(data.get("warnings", [])),
+            ignored=list(data.get("ignored", [])),
             plots=list(data.get("plots", [])),
         )
 

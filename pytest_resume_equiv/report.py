@@ -159,8 +159,17 @@ def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
     lines = list(head)
     for verdict in failing:
         lines.append(format_comparison(verdict.comparison))
+        div = verdict.comparison.divergence
+        if verdict.values_match and div is not None:
+            lines.append(
+                f"  every value you recorded matches through step {verdict.comparison.steps}; "
+                f"the audited {div.key} differs from step {div.step} on, so whatever draws "
+                "from it or is computed from it later will differ"
+            )
         if verdict.diagnosis is not None and outcome.nondeterministic is None:
             lines += format_diagnosis(verdict.diagnosis)
+    if outcome.ignored:
+        lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
     first = failing[0]
     lines += [
         f"run directories ({kept}):",
@@ -188,6 +197,9 @@ def format_plan_summary(outcome: ResumeOutcome) -> str:
     control = control_text(outcome)
     if control:
         lines.append(control)
+    if outcome.ignored:
+        lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
+    lines += [f"warning: {text}" for text in outcome.warnings]
     return "\n".join(lines)
 
 

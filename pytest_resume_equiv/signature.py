@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
+from .rank.layout import READABLE_SIGNATURE_VERSIONS, SIGNATURE_FORMAT, signature_path
 
 AUDIT_SECTIONS = ("rng", "watch")
 """Automatic sections of a step record; read back as keys `rng:<stream>` / `watch:<obj.section>`
@@ -31,6 +31,16 @@ class Signature:
     complete: bool
     """The footer was written: the rank finished recording and closed the file."""
     truncated_tail: bool = False
+    restores: list[dict[str, Any]] = field(default_factory=list)
+    """The restore log: every call that restored state, in order (rank/restore.py)."""
+    resume_points: list[dict[str, Any]] = field(default_factory=list)
+    """Snapshots at the resume point: one in a resumed run, one per split in the
+    uninterrupted run (rank/resume_point.py)."""
+    ignored: list[str] = field(default_factory=list)
+    """Audit names the trainer left out on purpose (`track(..., ignore=True)`)."""
+
+    def resume_point(self, split: int) -> Optional[dict[str, Any]]:
+        return next((p for p in self.resume_points if p.get("split") == split), None)
 
     @property
     def rank(self) -> int:
@@ -57,43 +67,60 @@ def read_signature(path: str) -> Signature:
         lines = lines[:-1]
     if not lines or not lines[0]:
         raise SignatureError(f"{path}: empty signature file (the rank died before writing it)")
+    signature = Signature(path, _header(path, lines[0]), [], False, truncated_tail=truncated)
+    body = lines[1:-1] if truncated else lines[1:]
+    # the unfinished last line of a killed rank is dropped: the prefix before it stands
+    for offset, line in enumerate(body):
+        _read_line(signature, offset + 2, line)
+    return signature
 
-    header = _parse(path, 1, lines[0])
+
+def _header(path: str, line: str) -> dict[str, Any]:
+    header = _parse(path, 1, line)
     if header.get("format") != SIGNATURE_FORMAT:
         raise SignatureError(
             f"{path}: line 1 is not a {SIGNATURE_FORMAT} header (format={header.get('format')!r})"
         )
-    if header.get("version") != SIGNATURE_VERSION:
+    if header.get("version") not in READABLE_SIGNATURE_VERSIONS:
+        readable = ", ".join(map(str, READABLE_SIGNATURE_VERSIONS))
         raise SignatureError(
             f"{path}: signature format version {header.get('version')!r} is not one this plugin "
-            f"reads (it reads version {SIGNATURE_VERSION}); compare runs made by the same "
+            f"reads (it reads versions {readable}); compare runs made by the same "
             "pytest-resume-equiv version"
         )
     for key in ("rank", "world_size", "phase"):
         if key not in header:
             raise SignatureError(f"{path}: header has no {key!r}")
+    return header
 
-    steps: list[tuple[int, dict[str, Any]]] = []
-    complete = False
-    body = lines[1:]
-    for offset, line in enumerate(body):
-        lineno = offset + 2
-        if truncated and offset == len(body) - 1:
-            break  # the unfinished last line of a killed rank: the prefix before it stands
-        obj = _parse(path, lineno, line)
-        if "end" in obj:
-            complete = True
-            continue
+
+def _read_line(signature: Signature, lineno: int, line: str) -> None:
+    path = signature.path
+    obj = _parse(path, lineno, line)
+    if "end" in obj:
+        signature.complete = True
+    elif "restore" in obj:
+        signature.restores.append(_object(path, lineno, obj, "restore"))
+    elif "resume_point" in obj:
+        signature.resume_points.append(_object(path, lineno, obj, "resume_point"))
+    elif "ignored" in obj:
+        signature.ignored += [str(name) for name in obj["ignored"]]
+    else:
         step, values = obj.get("step"), obj.get("values")
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(values, dict):
             raise SignatureError(f"{path}: line {lineno} is not a step record: {line[:120]}")
         for section in AUDIT_SECTIONS:
-            audit = obj.get(section, {})
-            if not isinstance(audit, dict):
-                raise SignatureError(f"{path}: line {lineno}: {section!r} is not a JSON object")
-            values.update({f"{section}:{key}": value for key, value in audit.items()})
-        steps.append((step, values))
-    return Signature(path, header, steps, complete, truncated_tail=truncated)
+            values.update(
+                {f"{section}:{k}": v for k, v in _object(path, lineno, obj, section, {}).items()}
+            )
+        signature.steps.append((step, values))
+
+
+def _object(path: str, lineno: int, obj: dict, key: str, default: Any = None) -> dict:
+    value = obj.get(key, default)
+    if not isinstance(value, dict):
+        raise SignatureError(f"{path}: line {lineno}: {key!r} is not a JSON object")
+    return value
 
 
 def _parse(path: str, lineno: int, line: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,7 +85,8 @@ def summary(frames: list[Frame]) -> str:
 def py_spy_dump(pid: int, out_path: str) -> Optional[str]:
     """Run `py-spy dump` on a live rank if py-spy is installed; its output, saved beside the
     rank's logs, or None."""
-    exe = shutil.which("py-spy")
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # in the same venv
+    exe = shutil.which("py-spy") or (beside if os.path.exists(beside) else None)
     if exe is None:
         return None
     try:

@@ -46,11 +46,10 @@ def pytest_collection_modifyitems(items):
         k = min(range(workers), key=lambda j: (load[j], len(slices[j])))
         slices[k].append(item)
         load[k] += _seconds(item)
-    short = (i for i in items if not _seconds(i))
-    while any(len(slices[k]) < sizes[k] for k in range(workers)):
-        for k in range(workers):
-            if len(slices[k]) < sizes[k]:
-                slices[k].append(next(short))
+    for item in (i for i in items if not _seconds(i)):
+        # the slice with the most room left (a small selection can have no room anywhere)
+        k = max(range(workers), key=lambda j: (sizes[j] - len(slices[j]), -j))
+        slices[k].append(item)
     items[:] = [item for part in slices for item in part]
 
 

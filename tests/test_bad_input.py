@@ -57,7 +57,7 @@ def damage_signature():
     elif bad == "truncate":
         text = text.split("\\n")[0] + "\\n" + text.split("\\n")[1][:20]
     elif bad == "version":
-        text = text.replace('"version":1', '"version":99', 1)
+        text = text.replace('"version":2', '"version":99', 1)
     elif bad == "delete":
         os.remove(path)
         return

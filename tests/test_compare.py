@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from pytest_resume_equiv.compare import compare_runs, step_ranges
+from pytest_resume_equiv.compare import compare_runs
 from pytest_resume_equiv.rank.encode import encode
 from pytest_resume_equiv.report import format_comparison
 from pytest_resume_equiv.signature import Signature
+from pytest_resume_equiv.step_problems import step_ranges
 from pytest_resume_equiv.values import readable
 
 
@@ -197,3 +198,44 @@ def test_float_tolerance_and_nan():
 )
 def test_span(steps, text):
     assert step_ranges(steps) == text
+
+
+def test_a_latent_stream_passes_with_a_note_unless_strict():
+    """The stream differs after the resume, but nothing draws from it in the compared steps."""
+    base = run("uninterrupted", range(1, 7), values=lambda s, r: {"loss": 1.0})
+    res = run("resumed", range(4, 7), values=lambda s, r: {"loss": 1.0})
+    for r in range(2):
+        for step, values in base[r].steps:
+            values["rng:cpu"] = "same after the split" if step >= 3 else f"s{step}"
+        for _, values in res[r].steps:
+            values["rng:cpu"] = "another state, idle"
+    cmp = compare_runs(base, res, 3, 6)
+    assert cmp.equal and cmp.latent == ["rank 0: rng:cpu", "rank 1: rng:cpu"]
+    strict = compare_runs(base, res, 3, 6, strict_latent=True)
+    assert not strict.equal and strict.divergence.key == "rng:cpu"
+
+
+def test_ignored_keys_and_fields_are_left_out_and_listed():
+    def values(s, r):
+        return {"loss": 1.0}
+
+    base = run("uninterrupted", range(1, 7), values=values)
+    res = run("resumed", range(4, 7), values=values)
+    for sigs, tag in ((base, "a"), (res, "b")):
+        for sig in sigs.values():
+            for _, v in sig.steps:
+                v["rng:generator eval.py:3 #0"] = tag
+                v["watch:loader.state"] = {"position": 1, "dataset_state": {"cursor": tag}}
+    assert not compare_runs(base, res, 3, 6).equal
+    cmp = compare_runs(
+        base, res, 3, 6, ignore=["rng:generator eval.py:*", "watch:loader.state.dataset_state"]
+    )
+    assert cmp.equal
+    assert cmp.ignored == ["rng:generator eval.py:3 #0", "watch:loader.state.dataset_state"]
+
+
+def test_sample_identities_come_first_in_the_first_divergence():
+    base = run("uninterrupted", range(1, 7), values=lambda s, r: {"a_loss": 1.0, "sample_ids": [s]})
+    res = run("resumed", range(4, 7), values=lambda s, r: {"a_loss": 2.0, "sample_ids": [s + 9]})
+    div = compare_runs(base, res, 3, 6).divergence
+    assert (div.key, div.rank) == ("sample_ids", 0)

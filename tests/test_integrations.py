@@ -114,7 +114,8 @@ EXAMPLE_RUNS = {
         "transformers",
         3,
         6,
-        "likely cause (cpu RNG): rank 0, step 4",
+        "likely cause (restored then advanced): rank 0: the CPU RNG (torch's default "
+        "generator) was restored (torch.random.set_rng_state at transformers/trainer.py:",
         {"loss", "lr", "grad_norm"},
         {"model", "optimizer", "scheduler"},
     ),
@@ -122,7 +123,7 @@ EXAMPLE_RUNS = {
         "lightning",
         3,
         6,
-        "rank 1's cpu RNG state equals rank 0's",
+        "rank 1: at the resume point rng:cpu equals rank 0's saved state",
         {"loss", "lr", "grad_norm"},
         {"model", "optimizer", "scheduler"},
     ),

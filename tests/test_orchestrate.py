@@ -410,3 +410,15 @@ def test_on_done_turns_a_failed_launch_into_launch_failed_with_its_role_and_caus
 class FakeJob:
     def __init__(self, planned):
         self.planned = planned
+
+
+def test_a_run_in_which_nothing_trains_is_warned_about(tmp_path):
+    from plan_helpers import write_run
+
+    from pytest_resume_equiv.orchestrate import nothing_trains
+    from pytest_resume_equiv.signature import read_run
+
+    write_run(tmp_path / "flat", range(1, 5), loss=lambda s, r: 1.0)
+    write_run(tmp_path / "trains", range(1, 5))
+    assert "nothing trains" in nothing_trains(read_run(str(tmp_path / "flat"), 1))
+    assert nothing_trains(read_run(str(tmp_path / "trains"), 1)) == ""

@@ -243,7 +243,7 @@ def test_two_nodes_with_global_ranks_and_the_local_rank_bug(trainers):
         [
             # which rank's file survives is a race (the last writer wins); either is caught
             "*split 2: first divergence at step 3, rank *",
-            "*likely cause (per-rank RNG collapsed): rank ?, step 3: after the resume, rank ?'s "
-            "cpu RNG state equals rank ?'s*keyed by its global rank, not its local rank*",
+            "*likely cause (restored from another rank): rank ?: at the resume point rng:cpu "
+            "equals rank ?'s saved state*keyed by its global rank*",
         ]
     )

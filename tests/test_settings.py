@@ -194,6 +194,11 @@ def test_marker_defaults_and_split_list():
         ),
         ((), {"steps": 6, "split": 3, "rng_mutation": "no"}, "invalid rng_mutation='no'"),
         ((), {"steps": 6, "split": 3, "interrupt": "pause"}, "invalid interrupt='pause'"),
+        (
+            (),
+            {"steps": 6, "split": 3, "ignore": [3]},
+            "invalid ignore=[3]: expected a list of patterns",
+        ),
         ((6, 3, 2), {}, "at most 2 positional arguments"),
         ((6,), {"steps": 6, "split": 3}, "steps given both positionally and as a keyword"),
     ],
@@ -213,3 +218,12 @@ def test_tolerance_forms():
         (), {"steps": 4, "split": 2, "tolerance": {"loss": (0, 1e-3), "param*": [1e-5, 0]}}
     )
     assert spec.tolerance == (("loss", 0.0, 1e-3), ("param*", 1e-5, 0.0))
+
+
+def test_ignore_patterns_and_the_strict_latent_option():
+    assert parse_marker((), {"steps": 4, "split": 2, "ignore": "rng:generator e.py:*"}).ignore == (
+        "rng:generator e.py:*",
+    )
+    session = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_STRICT_LATENT": "1"})
+    test = resolve_test(session, (), {"steps": 4, "split": 2, "ignore": ["watch:ema.*"]})
+    assert test.strict_latent is True and test.marker.ignore == ("watch:ema.*",)

@@ -29,7 +29,7 @@ def test_header_steps_and_footer(in_rank):
     header = sig.header
     assert (header["format"], header["version"], header["rank"], header["world_size"]) == (
         "pytest-resume-equiv/signature",
-        1,
+        2,
         1,
         2,
     )

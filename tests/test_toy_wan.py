@@ -128,20 +128,22 @@ def test_toy_dit_example_passes_and_its_resume_bugs_are_caught(pytester):
     assert "PASSED toy_dit/test_toy_dit_resume.py::test_toy_dit_resumes_exactly" in text
 
     generator = section_of(text, "test_no_condition_rng")
-    assert "split 3: first divergence at step 4, rank 0, key 'loss'" in generator
+    # the sample identities first: the values computed from them follow
+    assert "split 3: first divergence at step 4, rank 0, key 'timestep_ids'" in generator
     line = next(x for x in generator.splitlines() if "keys that differ at step 4" in x)
     for rank in (0, 1):
         part = line.split(f"rank {rank}: ")[1].split(";")[0]
         assert "noise" in part and "timestep_ids" in part, line
     assert (
-        "likely cause (owned generator): rank 0, step 4: the generator created at "
-        "toy/condition.py:" in generator
+        "likely cause (never restored): rank 0: the generator created at toy/condition.py:"
+        in generator
     )
+    assert "Fix: save and restore it, generator.get_state() / generator.set_state()" in generator
 
     extra = section_of(text, "test_rank0_extra_state")
-    assert "first divergence at step 4, rank 1, key 'loss'" in extra
+    assert "first divergence at step 4, rank 1, key 'timestep_ids'" in extra
     assert "random streams match; only rank 1 differs: per-rank state" in extra
-    assert "rank 1's cpu RNG state equals rank 0's" in extra
+    assert "rank 1: at the resume point rng:cpu equals rank 0's saved state" in extra
     # one uninterrupted launch (and one determinism control) served all three tests
     assert (
         text.count("(reused: run for toy_dit/test_toy_bugs.py::")

@@ -38,4 +38,4 @@ def test_rank_0_rng_on_every_rank_is_caught(resume_equiv):
     report = str(caught.value)
     print(report)
     assert "first divergence at step 4" in report
-    assert "rank 1's cpu RNG state equals rank 0's" in report
+    assert "rank 1: at the resume point rng:cpu equals rank 0's saved state" in report

@@ -20,7 +20,7 @@ import traceback
 from typing import Any, Callable
 
 from . import record as _record
-from . import rng
+from . import restore, resume_point, rng
 from .context import RunContext, context
 from .layout import CONTEXT_ENV, RankStatus, log_path, write_pid, write_status
 
@@ -108,6 +108,26 @@ def _run_target(argv: list[str]) -> None:
         raise SystemExit(f"pytest_resume_equiv.rank.bootstrap: unknown target kind {kind!r}")
 
 
+def _install_audit(ctx: RunContext) -> None:
+    """Before the user's code: audit every generator it creates, seed the global streams,
+    then log every restore call and watch for the resume point (the plugin's own seeding is
+    not a restore)."""
+    try:
+        rng.install()
+    except ImportError:  # no torch: a plain Python trainer
+        pass
+    rng.seed_host_streams(ctx.seed + ctx.rank)
+    if ctx.device_kind == "npu":
+        try:
+            import torch_npu  # noqa: F401  (registers torch.npu, whose setters are wrapped)
+        except ImportError:
+            pass
+    if "torch" in sys.modules:
+        restore.install_torch()
+    restore.install_host()
+    resume_point.install(ctx)
+
+
 def _run_user_code(argv: list[str]) -> RankStatus:
     """Run the target; how it ended, as the status file says it."""
     try:
@@ -138,15 +158,13 @@ def main(argv: list[str]) -> None:
     write_pid(ctx.run_dir, rank, os.getpid())
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
-    try:
-        rng.install()  # audit every torch.Generator the user's code creates
-    except ImportError:
-        pass
-    rng.seed_host_streams(ctx.seed + rank)
+    _install_audit(ctx)
     _record.open_signature()
     _leave_with_owner(ctx)
     _wait_for_gate(ctx)
     status = _run_user_code(argv)
+    if _record.is_open():
+        resume_point.at_exit(ctx, _record.writer())
     _record.close()
     write_status(ctx.run_dir, rank, status)
     # Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL

@@ -25,7 +25,9 @@ CONTEXT_ENV = "RESUME_EQUIV_CONTEXT"
 """Environment variable holding the JSON run context; its presence switches the API on."""
 
 SIGNATURE_FORMAT = "pytest-resume-equiv/signature"
-SIGNATURE_VERSION = 1
+SIGNATURE_VERSION = 2
+"""2: restore-log, resume-point and ignored lines beside the steps (1: steps only)."""
+READABLE_SIGNATURE_VERSIONS = (1, 2)
 
 FLOAT_TAG = "$float"
 TENSOR_TAG = "$tensor"

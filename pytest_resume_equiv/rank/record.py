@@ -1,4 +1,8 @@
-"""`record(step, **values)`: append one exact line per step to this rank's signature file."""
+"""`record(step, **values)`: append one exact line per step to this rank's signature file.
+
+Beside the steps the file holds the restore log (a line per restore call, in the order they
+happened), the resume-point snapshot, and the audit names left out on purpose.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import platform
 from typing import IO, Any, Optional
 
-from . import rng, watch
+from . import restore, resume_point, rng, watch
 from .context import RunContext, context
 from .encode import encode
 from .layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
@@ -21,6 +25,7 @@ class _SignatureWriter:
         path = signature_path(ctx.run_dir, ctx.rank)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.records = 0
+        self.last_step: Optional[int] = None
         self.file: Optional[IO[str]] = open(path, "w", encoding="utf-8")
         self._write(
             {
@@ -42,8 +47,13 @@ class _SignatureWriter:
         atexit.register(self.close)
 
     def _write(self, obj: dict[str, Any]) -> None:
+        """One line, after the restores logged since the last one (none before the header)."""
         assert self.file is not None
-        self.file.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
+        restores = restore.drain() if self.file.tell() else []
+        lines = [{"restore": entry} for entry in restores] + [obj]
+        self.file.write(
+            "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
+        )
         self.file.flush()
 
     def write_step(self, step: int, values: dict[str, Any]) -> None:
@@ -55,11 +65,19 @@ class _SignatureWriter:
             line["watch"] = watched
         self._write(line)
         self.records += 1
+        self.last_step = step
+
+    def resume_point(self, snapshot: dict[str, Any]) -> None:
+        if self.file is not None:
+            self._write({"resume_point": snapshot})
 
     def close(self) -> None:
         """Write the footer: it tells the plugin this rank finished recording cleanly."""
         if self.file is None:
             return
+        ignored = rng.ignored()
+        if ignored:
+            self._write({"ignored": ignored})
         self._write({"end": {"records": self.records}})
         self.file.close()
         self.file = None
@@ -77,7 +95,6 @@ _writer: Optional[_SignatureWriter] = None
 
 def record(step: int, **values: Any) -> None:
     """Record this rank's values at the end of `step` (a no-op outside a test run)."""
-    global _writer
     ctx = context()
     if ctx is None:
         return
@@ -86,13 +103,32 @@ def record(step: int, **values: Any) -> None:
     encoded = {
         key: encode(value, f"record(step={step}) value {key!r}") for key, value in values.items()
     }
-    if _writer is None:
-        _writer = _SignatureWriter(ctx)
-    _writer.write_step(step, encoded)
-    if ctx.phase == "teeth" and _writer.records == 1:
-        # The teeth check: from here on every random stream is unrelated to the uninterrupted run's,
-        # so a signature that still matches cannot depend on random state at all.
+    write = writer()
+    write.write_step(step, encoded)
+    resume_point.after_record(ctx, step, write)
+    if ctx.phase == "teeth" and write.records == 1:
+        # The teeth check: from here on every random stream is unrelated to the uninterrupted
+        # run's, so a signature that still matches cannot depend on random state at all.
         rng.mutate()
+
+
+def writer() -> _SignatureWriter:
+    """This rank's open signature (opened on first use)."""
+    global _writer
+    if _writer is None:
+        ctx = context()
+        assert ctx is not None, "writer() outside a test run"
+        _writer = _SignatureWriter(ctx)
+    return _writer
+
+
+def is_open() -> bool:
+    return _writer is not None and _writer.file is not None
+
+
+def last_step() -> Optional[int]:
+    """The last step this rank recorded (None before the first): where a restore happened."""
+    return _writer.last_step if _writer is not None else None
 
 
 def close() -> None:

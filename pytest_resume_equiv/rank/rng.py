@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Optional
 
 from .fingerprint import content_hash, hash_bytes
+from .trace import short_path
 
 _TORCH_DIR: Optional[str] = None
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -22,6 +23,8 @@ _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _generators: list[tuple[str, weakref.ref, bool]] = []
 """(creation site or given name, weak reference, named?) in creation order."""
+_ignored: set[str] = set()
+"""Audit names of generators tracked with ignore=True: left out of the audit."""
 _installed = False
 
 
@@ -31,22 +34,29 @@ def creation_site() -> str:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith(_OUR_DIR) and not (_TORCH_DIR and path.startswith(_TORCH_DIR)):
-            return f"{_short(path)}:{frame.f_lineno}"
+            return f"{short_path(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
 
 
-def _short(path: str) -> str:
-    """A path relative to the working directory when inside it, else the last two parts."""
-    cwd = os.getcwd()
-    if path.startswith(cwd + os.sep):
-        return os.path.relpath(path, cwd)
-    parts = path.split(os.sep)
-    return os.sep.join(parts[-2:])
-
-
 def _register(generator: Any, name: Optional[str] = None) -> None:
     _generators.append((name or creation_site(), weakref.ref(generator), name is not None))
+
+
+def identity_of(generator: Any) -> str:
+    """The audit's name for a live generator ("site #k", or the name given to `track`).
+    An op's generator argument can be another Python object for the same generator: then
+    the live one in the same state is it."""
+    live = _live_generators()
+    for identity, candidate in live:
+        if candidate is generator:
+            return identity
+    state = generator.get_state()
+    torch = sys.modules["torch"]
+    for identity, candidate in live:
+        if candidate.device == generator.device and torch.equal(candidate.get_state(), state):
+            return identity
+    return f"unknown {generator.device}"
 
 
 def _live_generators() -> list[tuple[str, Any]]:
@@ -91,27 +101,49 @@ def install() -> None:
         def __getattr__(cls, name: str) -> Any:
             return getattr(real, name)
 
+    class _Logged(real):  # type: ignore[misc, valid-type]
+        """A real generator whose seeding and state setting go into the restore log."""
+
+        def manual_seed(self, seed: Any) -> Any:
+            result = super().manual_seed(seed)
+            restore.generator_restored(self, "manual_seed")
+            return result
+
+        def set_state(self, state: Any) -> Any:
+            result = super().set_state(state)
+            restore.generator_restored(self, "set_state")
+            return result
+
     class Generator(metaclass=_GeneratorType):
         __doc__ = real.__doc__
 
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-            generator = real(*args, **kwargs)
+            generator = _Logged(*args, **kwargs)
             _register(generator)
             return generator
 
-    Generator.__module__ = "torch"
-    Generator.__qualname__ = "Generator"
+    from . import restore
+
+    _Logged.__module__ = Generator.__module__ = "torch"
+    _Logged.__qualname__ = Generator.__qualname__ = "Generator"
     torch.Generator = Generator
     _installed = True
 
 
-def track(generator: Any, name: str) -> None:
-    """Audit `generator` under `name` (also for generators made before the API was active)."""
+def track(generator: Any, name: str, ignore: bool = False) -> None:
+    """Audit `generator` under `name` (also for generators made before the API was active);
+    `ignore`: leave it out of the audit (it is listed as ignored)."""
+    if ignore:
+        _ignored.add(f"generator {name}")
     for i, (_, ref, _) in enumerate(_generators):
         if ref() is generator:
             _generators[i] = (name, ref, True)
             return
     _register(generator, name)
+
+
+def ignored() -> list[str]:
+    return sorted(f"rng:{name}" for name in _ignored)
 
 
 def _device_modules() -> list[tuple[str, Any]]:
@@ -147,12 +179,20 @@ def audit() -> dict[str, str]:
 
         streams["python"] = hash_bytes(repr(random.getstate()).encode())
     for identity, generator in _live_generators():
-        streams[f"generator {identity}"] = content_hash(generator.get_state())
+        if f"generator {identity}" not in _ignored:
+            streams[f"generator {identity}"] = content_hash(generator.get_state())
     return streams
 
 
 def mutate() -> None:
     """Move every random stream to an unrelated state (the teeth check of a test)."""
+    from .restore import unlogged
+
+    with unlogged():
+        _mutate()
+
+
+def _mutate() -> None:
     salt = 0x5EED
     torch = sys.modules.get("torch")
     if torch is not None:

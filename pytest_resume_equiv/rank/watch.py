@@ -74,6 +74,27 @@ def _objects() -> dict[str, Any]:
     return out
 
 
+def name_of(obj: Any) -> str:
+    """How the audit names `obj`: `watch:<name>` when it is watched (or is a submodule of a
+    watched module: `watch:<name> (<submodule>)`), else its class."""
+    objects = _objects()
+    for name, watched in objects.items():
+        if watched is obj:
+            return f"watch:{name}"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        inside = list(obj.modules())
+        for name, watched in objects.items():
+            if not isinstance(watched, torch.nn.Module):
+                continue
+            if any(m is watched for m in inside):  # a wrapper (DDP, ...) around it
+                return f"watch:{name}"
+            for sub, module in watched.named_modules():
+                if module is obj:
+                    return f"watch:{name} ({sub})"
+    return type(obj).__name__
+
+
 def _param_names(objects: dict[str, Any]) -> dict[int, str]:
     names: dict[int, str] = {}
     torch = sys.modules.get("torch")

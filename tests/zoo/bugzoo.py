@@ -132,7 +132,9 @@ def train(ctx):
             )
         if BUG != "python_random":
             random.setstate((rng["py"][0], tuple(rng["py"][1]), rng["py"][2]))
-        if BUG != "owned_generator":
+        if BUG == "rank_local_generator":
+            cond.generator.set_state(rank0["cond_rng"])  # the sampler state of rank 0's file
+        elif BUG != "owned_generator":
             cond.generator.set_state(state["cond_rng"])
         extra = rank0 if BUG == "rank_local" else state
         step, epoch, skip, seen = state["step"], state["epoch"], state["skip"], extra["seen"]
@@ -159,6 +161,8 @@ def train(ctx):
             step, epoch, skip = 0, 0, 0
         if BUG == "epoch_boundary" and skip == BATCHES_PER_EPOCH:
             return  # the restored iterator is exhausted: this trainer thinks training is over
+        if BUG == "eval_after_load":
+            model.eval()  # a validation pass after loading, and no model.train() after it
 
     req.watch(model=model, optimizer=opt, scheduler=sched, ema=ema, scaler=scaler)
     torn = None

@@ -1,131 +1,30 @@
-"""Name the most likely cause of the first divergence, in words a user understands.
+"""Causes read from the first divergent step itself: the fallback when the resume point does
+not explain the divergence (no snapshot, or nothing differs there).
 
-Pure: it reads the comparison and the per-step records of both runs. Causes are checked in
-the order in which one can explain another: a random stream or the learning rate changes
-everything computed after it, so those come before parameters and recorded values.
+Checked in the order in which one cause can explain another: a random stream or the learning
+rate changes everything computed after it, so those come before parameters and values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-from .compare import Comparison, is_audit_key, value_difference
-from .rank.encode import decode_float
-
-Steps = dict[int, dict[int, dict[str, Any]]]
-"""rank -> step -> key -> encoded value."""
-
-ROUNDING = 1e-2
-"""Relative norm difference below which differing master weights count as rounding-level
-(bf16 keeps about 3 significant digits)."""
-
-
-@dataclass
-class Diagnosis:
-    cause: str
-    bug_class: str
-    """Short name of the BUGS.md class the cause belongs to."""
-    notes: list[str] = field(default_factory=list)
-
-
-def _stream(key: str) -> str:
-    return key[len("rng:") :]
-
-
-def _norm_gap(a: Any, b: Any) -> Optional[float]:
-    """Largest relative norm difference between two `{name: {hash, norm}}` sections."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return None
-    gaps = []
-    for name in set(a) & set(b):
-        x, y = decode_float(a[name].get("norm")), decode_float(b[name].get("norm"))
-        if x is None or y is None:
-            return None
-        gaps.append(abs(x - y) / max(abs(x), abs(y), 1e-30))
-    return max(gaps) if gaps else None
-
-
-def _first_diff_name(a: Any, b: Any) -> str:
-    found = value_difference(a, b, "", None)
-    if not found:
-        return ""
-    path = found[0]
-    return path.split("'")[1] if "'" in path else path
-
-
-def _borrowed_from(base: Steps, res: Steps, rank: int, step: int, key: str) -> Optional[int]:
-    """The other rank whose stream `rank` resumed with (rank 0's saved everywhere, or state
-    keyed by local rank so two nodes' ranks read one file), if any."""
-    value = res[rank].get(step, {}).get(key)
-    if value is None or base[rank].get(step, {}).get(key) == value:
-        return None
-    for other in sorted(base, key=lambda r: (r != 0, r)):
-        if other != rank and base[other].get(step, {}).get(key) == value:
-            return other
-    return None
-
-
-def _lr_shift(base: Steps, res: Steps, rank: int, step: int, key: str) -> Optional[int]:
-    value = res[rank][step].get(key)
-    for shift in (-1, 1):
-        other = base[rank].get(step + shift, {}).get(key)
-        if other is not None and other == value:
-            return shift
-    return None
-
-
-def _scheduler_restarted(
-    base: Steps, res: Steps, rank: int, step: int, split: int
-) -> Optional[bool]:
-    """True: the resumed scheduler counts from the resume; False: off by one; None: unknown."""
-    for key, value in res[rank][step].items():
-        if key.startswith("watch:") and key.endswith(".last_epoch"):
-            ours, theirs = value, base[rank][step].get(key)
-            if not isinstance(ours, int) or not isinstance(theirs, int) or ours == theirs:
-                return None
-            if ours <= step - split < theirs:
-                return True
-            return False if abs(ours - theirs) == 1 else None
-    return None
-
-
-def diagnose(cmp: Comparison, base: Steps, res: Steps) -> Optional[Diagnosis]:
-    div = cmp.divergence
-    if div is None:
-        return None
-    step = div.step
-    differing = {rank: keys for rank, keys in sorted(cmp.divergent_keys.items()) if keys}
-    # Ranks whose own recorded values or random streams differ; watched parameters of other
-    # ranks can differ only because gradients were all-reduced with them.
-    ranks = sorted(
-        r for r, keys in differing.items() if any(not k.startswith("watch:") for k in keys)
-    )
-    diag = _classify(Evidence(differing, base, res, step, cmp.split))
-    if ranks and 0 not in ranks:
-        diag.notes.append(
-            f"rank 0's recorded values and random streams match; only "
-            f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} "
-            f"{'differs' if len(ranks) == 1 else 'differ'}: per-rank state "
-            "(RNG, data cursor, extra_state) was probably saved from rank 0 only, or keyed by "
-            "local rank instead of global rank"
-        )
-    return diag
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What every rule reads: per rank, the keys that differ at the first divergent step,
-    and both runs' records."""
-
-    differing: dict[int, list[str]]
-    base: Steps
-    res: Steps
-    step: int
-    split: int
-
-    def where(self, rank: int) -> str:
-        return f"rank {rank}, step {self.step}"
+from ..compare import is_audit_key
+from .evidence import (
+    ROUNDING,
+    Diagnosis,
+    Evidence,
+    borrowed_from,
+    first_diff_name,
+    is_content_key,
+    is_id_key,
+    is_optimizer,
+    lr_shift,
+    norm_gap,
+    optimizer_steps_differ,
+    scheduler_restarted,
+    stream_name,
+)
 
 
 def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
@@ -136,7 +35,7 @@ def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
             k for k in keys if k == "rng:cpu" or k.startswith(("rng:cuda:", "rng:npu:", "rng:xpu:"))
         ]
         if gens and not core:
-            site = _stream(gens[0])[len("generator ") :]
+            site = stream_name(gens[0])[len("generator ") :]
             return Diagnosis(
                 f"{ev.where(rank)}: the generator created at {site} differs while the CPU and device "
                 "generators match: its state was not restored (a module or sampler owns a "
@@ -162,8 +61,8 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
             if not hits:
                 continue
             key = hits[0]
-            name = _stream(key)
-            other = _borrowed_from(ev.base, ev.res, rank, ev.step, key)
+            name = stream_name(key)
+            other = borrowed_from(ev.base, ev.res, rank, ev.step, key)
             if other is not None:
                 return Diagnosis(
                     f"{ev.where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
@@ -190,7 +89,7 @@ def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
     """The optimizer stepped a different number of times (and the scheduler with it)."""
     for rank, keys in ev.differing.items():
         lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
-        if lr and _optimizer_steps_differ(ev.base, ev.res, rank, ev.step, keys):
+        if lr and optimizer_steps_differ(ev.base, ev.res, rank, ev.step, keys):
             return Diagnosis(
                 f"{ev.where(rank)}: the optimizer and the LR scheduler stepped a different number of "
                 "times (the optimizer's step count differs): the gradient-accumulation micro-step "
@@ -206,7 +105,7 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
         lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
         if not lr:
             continue
-        restarted = _scheduler_restarted(ev.base, ev.res, rank, ev.step, ev.split)
+        restarted = scheduler_restarted(ev.base, ev.res, rank, ev.step, ev.split)
         if restarted is True:
             return Diagnosis(
                 f"{ev.where(rank)}: the learning rate differs ({lr[0][6:]}) and the scheduler counts "
@@ -214,7 +113,7 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
                 "restored (warmup restarted)",
                 "LR scheduler missing",
             )
-        shift = _lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
+        shift = lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
         if restarted is False or shift is not None:
             return Diagnosis(
                 f"{ev.where(rank)}: the learning rate is shifted by one step ({lr[0][6:]}): the "
@@ -234,7 +133,7 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
     """The data: which samples, and what they contain."""
     for rank, keys in ev.differing.items():
         user = [k for k in keys if not is_audit_key(k)]
-        differing_ids = [k for k in user if _is_id_key(k)]
+        differing_ids = [k for k in user if is_id_key(k)]
         if differing_ids:
             return Diagnosis(
                 f"{ev.where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
@@ -242,8 +141,8 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
                 "or the number of batches skipped after resuming)",
                 "data order",
             )
-        recorded_ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and _is_id_key(k)]
-        content = [k for k in user if _is_content_key(k)]
+        recorded_ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_id_key(k)]
+        content = [k for k in user if is_content_key(k)]
         if recorded_ids and content:
             return Diagnosis(
                 f"{ev.where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
@@ -276,10 +175,10 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
         model_params = [
             k
             for k in keys
-            if k.endswith(".params") and not _is_optimizer(ev.base[rank][ev.step], k[6:-7])
+            if k.endswith(".params") and not is_optimizer(ev.base[rank][ev.step], k[6:-7])
         ]
         if ev.step == ev.split + 1 and user and model_params:
-            name = _first_diff_name(
+            name = first_diff_name(
                 ev.base[rank][ev.step].get(model_params[0]),
                 ev.res[rank][ev.step].get(model_params[0]),
             )
@@ -299,7 +198,7 @@ def _buffers(ev: Evidence) -> Optional[Diagnosis]:
     for rank, keys in ev.differing.items():
         for key in keys:
             if key.endswith(".buffers"):
-                name = _first_diff_name(
+                name = first_diff_name(
                     ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
                 )
                 return Diagnosis(
@@ -315,11 +214,11 @@ def _master_weights(ev: Evidence) -> Optional[Diagnosis]:
     could not map to a watched model), and they differ only at low-precision rounding level."""
     for rank, keys in ev.differing.items():
         for key in keys:
-            if not key.endswith(".params") or not _is_optimizer(ev.base[rank][ev.step], key[6:-7]):
+            if not key.endswith(".params") or not is_optimizer(ev.base[rank][ev.step], key[6:-7]):
                 continue
             a, b = ev.base[rank][ev.step].get(key) or {}, ev.res[rank][ev.step].get(key) or {}
             own = {n: v for n, v in a.items() if n.startswith("group")}
-            gap = _norm_gap(own, {n: b[n] for n in own if n in b})
+            gap = norm_gap(own, {n: b[n] for n in own if n in b})
             if own and gap is not None and gap < ROUNDING:
                 return Diagnosis(
                     f"{ev.where(rank)}: the optimizer's own copies of the parameters (master weights) "
@@ -338,9 +237,9 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
             if (
                 key.startswith("watch:")
                 and section in ("state", "hyper")
-                and _is_optimizer(ev.base[rank][ev.step], obj)
+                and is_optimizer(ev.base[rank][ev.step], obj)
             ):
-                name = _first_diff_name(
+                name = first_diff_name(
                     ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
                 )
                 return Diagnosis(
@@ -353,12 +252,8 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
             if not key.startswith("watch:"):
                 continue
             obj, section = key[6:].rsplit(".", 1)
-            name = _first_diff_name(ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key))
-            if (
-                obj != "model"
-                and not _is_optimizer(ev.base[rank][ev.step], obj)
-                and section != "lr"
-            ):
+            name = first_diff_name(ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key))
+            if obj != "model" and not is_optimizer(ev.base[rank][ev.step], obj) and section != "lr":
                 return Diagnosis(
                     f"{ev.where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
                     "state was not saved or not restored (an EMA, loss scaler or similar)",
@@ -367,7 +262,7 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
     for rank, keys in ev.differing.items():
         params = [k for k in keys if k.endswith(".params")]
         if params:
-            name = _first_diff_name(
+            name = first_diff_name(
                 ev.base[rank][ev.step].get(params[0]), ev.res[rank][ev.step].get(params[0])
             )
             return Diagnosis(
@@ -390,7 +285,7 @@ def _unaudited(ev: Evidence) -> Diagnosis:
     )
 
 
-RULES = (
+STEP_RULES = (
     _owned_generator,
     _global_stream,
     _accumulation,
@@ -406,41 +301,9 @@ RULES = (
 changes everything computed after it, so those come before parameters and recorded values."""
 
 
-def _classify(ev: Evidence) -> Diagnosis:
-    for rule in RULES:
+def classify_at_step(ev: Evidence) -> Diagnosis:
+    for rule in STEP_RULES:
         found = rule(ev)
         if found is not None:
             return found
     return _unaudited(ev)
-
-
-def _is_id_key(key: str) -> bool:
-    low = key.lower()
-    return low.endswith(("id", "ids", "index", "indices")) or "sample_id" in low
-
-
-CONTENT_KEYS = ("batch", "x", "input", "inputs", "sample", "samples", "data", "images", "latents")
-
-
-def _is_content_key(key: str) -> bool:
-    return key.lower() in CONTENT_KEYS
-
-
-def _optimizer_steps_differ(base: Steps, res: Steps, rank: int, step: int, keys: list[str]) -> bool:
-    """Whether an optimizer's per-parameter `step` counts differ between the runs."""
-    for key in keys:
-        if not key.endswith(".state") or not _is_optimizer(base[rank][step], key[6:-6]):
-            continue
-        a, b = base[rank][step].get(key) or {}, res[rank][step].get(key) or {}
-        for name in set(a) & set(b):
-            if (
-                isinstance(a[name], dict)
-                and isinstance(b[name], dict)
-                and a[name].get("step") != b[name].get("step")
-            ):
-                return True
-    return False
-
-
-def _is_optimizer(values: dict[str, Any], obj: str) -> bool:
-    return f"watch:{obj}.lr" in values

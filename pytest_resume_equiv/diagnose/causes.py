@@ -1,0 +1,288 @@
+"""The causes one subject that differs at the resume point can have, each a rule that
+answers only on evidence separating it from its look-alikes, with its fix in one line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Optional
+
+from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
+from .subject import Subject, equal_to_step, point_value
+
+STREAM_WORDS = {
+    "rng:cpu": "the CPU RNG (torch's default generator)",
+    "rng:numpy": "numpy's global RNG",
+    "rng:python": "Python's random module",
+}
+HOW = {
+    "rng:cpu": "torch.get_rng_state() / torch.set_rng_state()",
+    "rng:numpy": "np.random.get_state() / np.random.set_state()",
+    "rng:python": "random.getstate() / random.setstate()",
+    "rng:generator": "generator.get_state() / generator.set_state()",
+}
+KINDS = {"module": "the module", "optimizer": "the optimizer", "scheduler": "the LR scheduler"}
+WRAPPED_KINDS = ("module", "optimizer", "scheduler")
+"""Objects whose every load_state_dict call the restore log sees."""
+
+
+def from_other_rank(s: Subject) -> Optional[Diagnosis]:
+    for key in s.keys:
+        value = point_value(s.res, key)
+        for other in sorted(s.ev.base_sigs, key=lambda r: (r != 0, r)):
+            saved = s.ev.base_sigs[other].resume_point(s.ev.split)
+            if other != s.rank and saved is not None and point_value(saved, key) == value:
+                return Diagnosis(
+                    f"{s.where()}: at the resume point {key} equals rank {other}'s saved state: "
+                    f"rank {s.rank} was restored from rank {other}'s. Fix: save each rank's own "
+                    "state, keyed by its global rank (a file only rank 0 writes holds only rank "
+                    "0's)",
+                    "restored from another rank",
+                )
+    return None
+
+
+def reseeded(s: Subject) -> Optional[Diagnosis]:
+    if not s.reseeds:
+        return None
+    call = s.reseeds[-1]
+    if s.name.startswith("rng:generator ") and not s.before_resume and len(s.restores) == 1:
+        return Diagnosis(
+            f"{s.where()}: {stream_words(s.name)} was made and seeded after the checkpoint was "
+            f"read ({call['call']} at {call['at']}) and never given its saved state: whatever "
+            "owns it seeds it when it is built. Fix: save its state and load it after building "
+            f"it, {HOW['rng:generator']}",
+            "never restored",
+        )
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} was seeded again after the checkpoint was read ({call['call']} at "
+        f"{call['at']}), which replaces the restored state. Fix: seed before loading, or restore "
+        f"the stream after seeding ({HOW.get(s.name, 'set_rng_state')})",
+        "re-seeded after loading",
+    )
+
+
+def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
+    if not s.restores:
+        return None
+    extra = _draws_on(s.res, s.name, s.last_restore) - _draws_on(s.base, s.name)
+    if not extra:
+        return None
+    total = sum(extra.values())
+    ops = ", ".join(
+        f"{op} at {at}" + (f" ({n} times)" if n > 1 else "")
+        for (op, at), n in list(extra.items())[:3]
+    )
+    restore = s.restores[-1]
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} was restored ({restore['call']} at "
+        f"{restore['at']}) and then advanced by {total} draw{'s' * (total > 1)} before the first "
+        f"resumed step that the uninterrupted run does not make there: {ops}. Fix: restore the "
+        "stream after that code runs, or give that code a generator of its own",
+        "restored then advanced",
+    )
+
+
+def _draws_on(point: Optional[dict], stream: str, after: int = -1) -> Counter:
+    """(op, line) -> how many draws on `stream` the window holds after log entry `after`."""
+    draws = (point or {}).get("draws", [])
+    return Counter(
+        (d["op"], d["at"])
+        for d in draws
+        if d.get("stream") == stream and d.get("after_restores", 0) > after
+    )
+
+
+def restored_too_late(s: Subject) -> Optional[Diagnosis]:
+    """The uninterrupted run draws from the stream in its window; the resumed run made the
+    same draws before it restored the stream (a batch fetched, then the RNG restored)."""
+    if not s.restores:
+        return None
+    expected = {op for op, _ in _draws_on(s.base, s.name)}
+    early = [
+        d
+        for d in (s.res or {}).get("draws", [])
+        if d.get("stream") == s.name
+        and d["op"] in expected
+        and d["after_restores"] <= s.last_restore
+    ]
+    if not early:
+        return None
+    d, restore = early[0], s.restores[-1]
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} was restored ({restore['call']} at "
+        f"{restore['at']}) only after it had been drawn from ({d['op']} at {d['at']}), a draw "
+        "the uninterrupted run makes from the restored state: what it made came from the "
+        "unrestored stream. Fix: restore the stream before that code runs",
+        "restored too late",
+    )
+
+
+def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
+    if s.restores:
+        return None
+    if s.name.startswith("rng:generator "):
+        how, calls = HOW["rng:generator"], "set_state"
+    else:
+        kind = s.name.split(":")[1]
+        how = HOW.get(s.name, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
+        calls = "set_rng_state" if kind not in ("numpy", "python") else how.split(" / ")[1]
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} was never restored (no {calls} call for it after "
+        f"the checkpoint was read) and differs at the resume point. Fix: save and restore it, "
+        f"{how}",
+        "never restored",
+    )
+
+
+def stream_words(name: str) -> str:
+    if name.startswith("rng:generator "):
+        return f"the generator created at {name[len('rng:generator ') :]}"
+    if name in STREAM_WORDS:
+        return STREAM_WORDS[name]
+    kind, _, index = name[4:].partition(":")
+    return f"the {kind} RNG of device {index}"
+
+
+def stream_restored_wrong(s: Subject) -> Diagnosis:
+    restore = s.restores[-1]
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} was restored ({restore['call']} at {restore['at']}) but differs "
+        "from the uninterrupted run's at the resume point, with no extra draw in between: the "
+        "saved state is not the one at the split. Fix: save the stream's state after the step "
+        "that ends at the split, next to the weights",
+        "restored wrong",
+    )
+
+
+def object_never_restored(s: Subject) -> Optional[Diagnosis]:
+    if s.restores or s.kind not in WRAPPED_KINDS or s.in_place:
+        return None
+    words = {
+        "optimizer": "its moments, step counts and learning rates start over",
+        "scheduler": "the learning-rate schedule starts over (warmup restarts)",
+        "module": "its weights and buffers are the initial ones",
+    }[s.kind]
+    return Diagnosis(
+        f"{s.where()}: {KINDS[s.kind]} '{s.name[6:]}' was never restored (no load_state_dict "
+        f"call restored it): {words}. Fix: save and load its state_dict()",
+        f"{s.kind} never restored",
+    )
+
+
+def optimizer_partial(s: Subject) -> Optional[Diagnosis]:
+    key = f"{s.name}.state"
+    if s.kind != "optimizer" or key not in s.keys:
+        return None
+    a, b = point_value(s.base, key) or {}, point_value(s.res, key) or {}
+    empty = sorted(n for n in a if a.get(n) and not b.get(n))
+    steps = sorted(
+        n for n in set(a) & set(b) if (a[n] or {}).get("step") != (b[n] or {}).get("step")
+    )
+    if not empty and not steps:
+        return None
+    what = f"no entries for {', '.join(empty[:3])}" if empty else f"step counts differ ({steps[0]})"
+    return Diagnosis(
+        f"{s.where()}: the optimizer state of '{s.name[6:]}' is missing or partial at the resume "
+        f"point ({what}). Fix: save and load optimizer.state_dict(), after the optimizer step",
+        "optimizer state missing",
+    )
+
+
+def reduced_precision(s: Subject) -> Optional[Diagnosis]:
+    for key in (k for k in s.keys if k.endswith(".params")):
+        gap = norm_gap(point_value(s.base, key), point_value(s.res, key))
+        if gap is not None and 0 < gap < ROUNDING:
+            what = (
+                f"the optimizer's own copies of the parameters ('{s.name[6:]}': master weights)"
+                if s.kind == "optimizer"
+                else f"the parameters of '{s.name[6:]}'"
+            )
+            return Diagnosis(
+                f"{s.where()}: at the resume point {what} differ only at low-precision rounding "
+                f"level (relative {gap:.1e}): restored at reduced precision. Fix: save the fp32 "
+                "master weights instead of rebuilding them from the bf16/fp16 weights",
+                "restored at reduced precision",
+            )
+    return None
+
+
+def scheduler_shifted(s: Subject) -> Optional[Diagnosis]:
+    key = f"{s.name}.last_epoch"
+    a, b = point_value(s.base, key), point_value(s.res, key)
+    if s.kind != "scheduler" or not isinstance(a, int) or not isinstance(b, int) or abs(a - b) != 1:
+        return None
+    return Diagnosis(
+        f"{s.where()}: the LR scheduler '{s.name[6:]}' is {'one step ahead' if b > a else 'one step behind'} "
+        "at the resume point: it was stepped again after loading, or saved before its step. "
+        "Fix: save the scheduler after its step; do not step it after load_state_dict",
+        "LR scheduler off by one",
+    )
+
+
+def buffers_only(s: Subject) -> Optional[Diagnosis]:
+    if s.kind != "module" or [k.rsplit(".", 1)[1] for k in s.keys] != ["buffers"]:
+        return None
+    key = s.keys[0]
+    name = first_diff_name(point_value(s.base, key), point_value(s.res, key))
+    return Diagnosis(
+        f"{s.where()}: the weights of '{s.name[6:]}' were restored but buffer {name} differs at "
+        "the resume point: buffers (BatchNorm running statistics) were left out of the saved or "
+        "loaded state (strict=False?), or saved from rank 0 only. Fix: save and load the whole "
+        "state_dict(), buffers included",
+        "buffers",
+    )
+
+
+def from_other_step(s: Subject) -> Optional[Diagnosis]:
+    later = equal_to_step(s.ev, s.rank) if s.kind == "module" else None
+    if later is None:
+        return None
+    if later > s.ev.split:
+        return Diagnosis(
+            f"{s.where()}: the checkpoint saved at step {s.ev.split} holds '{s.name[6:]}' as it was "
+            f"after step {later}: it was written after training changed the tensors (a "
+            "background or asynchronous save that did not copy them first). Fix: copy the state "
+            "(or wait for the write) before the next step changes it",
+            "torn checkpoint",
+        )
+    return Diagnosis(
+        f"{s.where()}: '{s.name[6:]}' at the resume point is the uninterrupted run's state after "
+        f"step {later}, not step {s.ev.split}: an older checkpoint was loaded. Fix: load the "
+        "checkpoint saved at the split",
+        "restored from another step",
+    )
+
+
+def object_restored_wrong(s: Subject) -> Diagnosis:
+    key = s.keys[0]
+    name = first_diff_name(point_value(s.base, key), point_value(s.res, key))
+    how = f" (restored by {s.restores[-1]['call']} at {s.restores[-1]['at']})" if s.restores else ""
+    return Diagnosis(
+        f"{s.where()}: '{s.name[6:]}'{how} differs from the uninterrupted run's at the resume "
+        f"point ({key[6:]}{f' {name}' if name else ''}): its state was not restored as saved. "
+        "Fix: save its state_dict() after the step that ends at the split and load it back "
+        "into this object",
+        "watched state",
+    )
+
+
+StreamRule = Callable[[Subject], Optional[Diagnosis]]
+STREAM_RULES: tuple[StreamRule, ...] = (
+    from_other_rank,
+    reseeded,
+    advanced_by_draws,
+    restored_too_late,
+    stream_never_restored,
+    stream_restored_wrong,
+)
+OBJECT_RULES: tuple[StreamRule, ...] = (
+    from_other_rank,
+    object_never_restored,
+    optimizer_partial,
+    reduced_precision,
+    scheduler_shifted,
+    buffers_only,
+    from_other_step,
+    object_restored_wrong,
+)
+"""For one subject, in the order that separates look-alikes (the last always answers)."""

@@ -1,0 +1,117 @@
+"""What differs at the resume point, one subject at a time (a random stream, or a watched
+object), with what the restore log says about it: the input of the causes in causes.py."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ..rank.restore import is_load, is_seed
+from .evidence import Evidence
+
+
+def point_value(point: Optional[dict], key: str) -> Any:
+    section, _, name = key.partition(":")
+    return (point or {}).get(section, {}).get(name)
+
+
+def point_differences(ev: Evidence, rank: int) -> list[str]:
+    """Audit keys (`rng:...`, `watch:...`) that differ between the two runs' resume points."""
+    base, res = ev.points(rank)
+    if base is None or res is None:
+        return []
+    keys = []
+    for section in ("rng", "watch"):
+        a, b = base.get(section, {}), res.get(section, {})
+        keys += [f"{section}:{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return keys
+
+
+class Subject:
+    """One thing that differs at the resume point: a random stream, or a watched object with
+    the sections of it that differ; and what the restore log says about it."""
+
+    def __init__(self, ev: Evidence, rank: int, name: str, keys: list[str]) -> None:
+        self.ev, self.rank, self.name, self.keys = ev, rank, name, keys
+        self.base, self.res = ev.points(rank)
+        log = ev.restores(rank)[: (self.res or {}).get("restores", len(ev.restores(rank)))]
+        first_load = checkpoint_read(log, ((self.res or {}).get("checkpoint") or {}).get("path"))
+        mine = [(i, e) for i, e in enumerate(log) if names(e["what"], name)]
+        restoring = [(i, e) for i, e in mine if not is_seed(e["call"]) or i > first_load]
+        self.restores = [e for _, e in restoring]
+        """Calls that restored it: a seeding counts only after the checkpoint was read."""
+        self.last_restore = restoring[-1][0] if restoring else -1
+        """Its last restore's place in the log (a draw remembers how many restores came
+        before it)."""
+        self.reseeds = [e for i, e in mine if is_seed(e["call"]) and i > first_load]
+        self.before_resume = [e for i, e in mine if i <= first_load]
+        self.in_place = any(e["call"].endswith("checkpoint.load") for e in log)
+        """DCP's load writes into tensors in place: a module may be restored unlogged."""
+
+    @property
+    def is_stream(self) -> bool:
+        return self.name.startswith("rng:")
+
+    @property
+    def kind(self) -> str:
+        sections = {
+            k.rsplit(".", 1)[1]
+            for k in (self.res or {}).get("watch", {})
+            if k.startswith(self.name[6:] + ".")
+        }
+        if {"lr", "state"} <= sections:
+            return "optimizer"
+        if "last_epoch" in sections:
+            return "scheduler"
+        if "params" in sections:
+            return "module"
+        return "object"
+
+    def where(self) -> str:
+        return f"rank {self.rank}"
+
+
+def checkpoint_read(log: list[dict[str, Any]], checkpoint: Optional[str]) -> int:
+    """Where in the log the resume begins: the first read of a file inside the checkpoint
+    (weights loaded from elsewhere before it, a pretrained model, are not the resume); else
+    the first load of any kind."""
+    if checkpoint:
+        inside = os.path.abspath(checkpoint)
+        for i, entry in enumerate(log):
+            path = entry["what"][5:] if entry["what"].startswith("file ") else ""
+            if path and os.path.abspath(path).startswith(inside):
+                return i
+    return next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))
+
+
+def names(what: str, name: str) -> bool:
+    """Whether a restore-log entry (`what`) restored `name` (`rng:cuda:*` is every cuda device)."""
+    what = what.split(" (")[0]
+    return what == name or (what.endswith(":*") and name.startswith(what[:-1]))
+
+
+def subjects(ev: Evidence, rank: int) -> list[Subject]:
+    """What differs at the resume point on `rank`: streams first, then modules, optimizers,
+    schedulers, other objects."""
+    grouped: dict[str, list[str]] = {}
+    for key in point_differences(ev, rank):
+        name = key if key.startswith("rng:") else key.rsplit(".", 1)[0]
+        grouped.setdefault(name, []).append(key)
+    found = [Subject(ev, rank, name, keys) for name, keys in grouped.items()]
+    # a scheduler sets its optimizer's learning rate: it explains an optimizer's lr, not
+    # the other way round
+    order = {"module": 1, "scheduler": 2, "optimizer": 3, "object": 4}
+    return sorted(found, key=lambda s: (0 if s.is_stream else order[s.kind], s.name))
+
+
+def equal_to_step(ev: Evidence, rank: int) -> Optional[int]:
+    """The other uninterrupted step whose end-of-step parameters the resume point equals
+    (None when the split's own are the same: no step to tell apart)."""
+    _, res = ev.points(rank)
+    for key in (f"watch:{k}" for k in (res or {}).get("watch", {}) if k.endswith(".params")):
+        steps = ev.base.get(rank, {})
+        own = steps.get(ev.split, {}).get(key)
+        for step, values in sorted(steps.items()):
+            if step != ev.split and values.get(key) == point_value(res, key) != own:
+                return step
+    return None

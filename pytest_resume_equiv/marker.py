@@ -1,0 +1,194 @@
+"""The `@resume_equivalent(...)` marker: its keywords, each validated with a message that
+names the keyword, the value and what is expected; only the marked test fails."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .errors import SettingError
+
+INTERRUPTS = ("continue", "stop", "kill")
+
+
+@dataclass(frozen=True)
+class MarkerSpec:
+    steps: int
+    splits: tuple[int, ...]
+    nproc: int = 2
+    nnodes: int = 1
+    timeout: Optional[float] = None
+    tolerance: tuple[tuple[str, float, float], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    rng_mutation: Optional[bool] = None
+    """None: not given on the marker (the session option decides)."""
+    interrupt: str = "continue"
+    ignore: tuple[str, ...] = ()
+    """Patterns of audited keys or fields to leave out of the comparison (listed as ignored)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+def parse_timeout(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a positive number of seconds")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a positive number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _error(keyword: str, value: Any, why: str) -> SettingError:
+    return SettingError(f"@resume_equivalent: invalid {keyword}={value!r}: {why}")
+
+
+def _int(keyword: str, minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _error(keyword, value, f"must be an int >= {minimum}")
+        if value < minimum:
+            raise _error(keyword, value, f"must be >= {minimum}")
+        return value
+
+    return parse
+
+
+def _tolerance(value: Any) -> tuple[tuple[str, float, float], ...]:
+    if value is None:
+        return ()
+    why = (
+        "expected (rtol, atol) for every key, or a dict of key patterns to (rtol, atol), "
+        'e.g. {"loss": (1e-6, 0.0), "param*": (1e-5, 1e-8)}'
+    )
+    items = value.items() if isinstance(value, Mapping) else [("*", value)]
+    rules = []
+    for pattern, pair in items:
+        if not isinstance(pattern, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise _error("tolerance", value, why)
+        if not all(
+            not isinstance(x, bool) and isinstance(x, (int, float)) and x >= 0 and not math.isinf(x)
+            for x in pair
+        ):
+            raise _error("tolerance", value, f"rtol and atol must be finite numbers >= 0; {why}")
+        rules.append((pattern, float(pair[0]), float(pair[1])))
+    return tuple(rules)
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
+    ):
+        raise _error("env", value, 'expected a dict of str to str, e.g. {"OMP_NUM_THREADS": "1"}')
+    return tuple(sorted(value.items()))
+
+
+def _timeout(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        return parse_timeout(value)
+    except ValueError as exc:
+        raise _error("timeout", value, str(exc)) from None
+
+
+def _rng_mutation(value: Any) -> Optional[bool]:
+    if value is not None and not isinstance(value, bool):
+        raise _error("rng_mutation", value, "must be True or False")
+    return value
+
+
+def _interrupt(value: Any) -> str:
+    if value not in INTERRUPTS:
+        raise _error("interrupt", value, f"supported: {', '.join(map(repr, INTERRUPTS))}")
+    return value
+
+
+def _ignore(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x for x in items):
+        raise _error(
+            "ignore",
+            value,
+            "expected a list of patterns of audited keys or fields, e.g. "
+            '["rng:generator eval.py:*", "watch:loader.state.dataset_state*"]',
+        )
+    return tuple(items)
+
+
+KEYWORDS: dict[str, Callable[[Any], Any]] = {
+    "nproc": _int("nproc", 1),
+    "nnodes": _int("nnodes", 1),
+    "timeout": _timeout,
+    "tolerance": _tolerance,
+    "env": _env,
+    "rng_mutation": _rng_mutation,
+    "interrupt": _interrupt,
+    "ignore": _ignore,
+}
+"""Every keyword beside steps and split, with its validator."""
+MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)
+
+
+def _splits(raw: Any, steps: int) -> tuple[int, ...]:
+    splits = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not splits:
+        raise _error("split", raw, "needs at least one step")
+    for s in splits:
+        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s < steps:
+            raise _error(
+                "split", raw, f"every split must be an int with 1 <= split < steps={steps}"
+            )
+    if len(set(splits)) != len(splits):
+        raise _error("split", raw, "splits must be distinct")
+    return tuple(sorted(splits))
+
+
+def _arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Positional and keyword arguments as one dict, or a SettingError saying what is wrong."""
+    unknown = [k for k in kwargs if k not in MARKER_KEYWORDS]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, MARKER_KEYWORDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SettingError(
+            f"@resume_equivalent: unknown keyword {key!r}{hint}; valid keywords: "
+            + ", ".join(MARKER_KEYWORDS)
+        )
+    if len(args) > 2:
+        raise SettingError(
+            "@resume_equivalent takes at most 2 positional arguments (steps, split), "
+            f"got {len(args)}"
+        )
+    merged = dict(zip(("steps", "split"), args))
+    for key in merged:
+        if key in kwargs:
+            raise SettingError(
+                f"@resume_equivalent: {key} given both positionally and as a keyword"
+            )
+    merged.update(kwargs)
+    for required in ("steps", "split"):
+        if required not in merged:
+            raise SettingError(
+                f"@resume_equivalent needs {required}=..., e.g. @resume_equivalent(steps=6, split=3)"
+            )
+    return merged
+
+
+def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec:
+    """Validate the marker's arguments; raises SettingError naming the keyword and value."""
+    merged = _arguments(args, kwargs)
+    steps = _int("steps", 2)(merged["steps"])
+    values = {k: parse(merged[k]) for k, parse in KEYWORDS.items() if k in merged}
+    return MarkerSpec(steps=steps, splits=_splits(merged["split"], steps), **values)

@@ -1,0 +1,203 @@
+"""Where in the user's code something happened, and which random numbers were drawn in a
+window of the run (between the last restore and the first resumed step).
+
+The draw trace sees torch ops the dispatcher tags as drawing from a generator
+(`nondeterministic_seeded`: randn, dropout, randperm, the DataLoader's base seed...), through a
+dispatch mode, and calls of numpy's and Python's module-level random functions (the global
+generators), through wrappers. Both are in place only inside the window, so a run pays for
+them for a moment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The plugin's package: its frames are never the user's."""
+_SKIP_DIRS: list[str] = []
+MAX_DRAWS = 200
+"""Draws kept per window: the first ones say what advanced a stream; the rest only repeat."""
+
+
+def _skipped(path: str) -> bool:
+    if path.startswith(_OUR_DIR) or path.startswith("<"):
+        return True
+    return any(path.startswith(d) for d in _skipped_dirs())
+
+
+def _skipped_dirs() -> list[str]:
+    """torch's and the standard library's folders, found once torch is imported."""
+    if not _SKIP_DIRS:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            _SKIP_DIRS.append(os.path.dirname(os.path.abspath(torch.__file__)))
+        _SKIP_DIRS.append(os.path.dirname(os.path.abspath(os.__file__)))
+    return _SKIP_DIRS
+
+
+def short_path(path: str) -> str:
+    """A path relative to the working directory when inside it, else its last two parts."""
+    cwd = os.getcwd()
+    if path.startswith(cwd + os.sep):
+        return os.path.relpath(path, cwd)
+    return os.sep.join(path.split(os.sep)[-2:])
+
+
+def _library(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+
+
+def user_frame(depth: int = 1) -> str:
+    """`file:line` of the first frame outside torch, the standard library and the plugin; when
+    that is an installed library (transformers, accelerate, ...), with the line of the code
+    that called into it: `accelerate/data_loader.py:583 (from train.py:95)`."""
+    frame: Any = sys._getframe(depth)
+    while frame is not None and _skipped(os.path.abspath(frame.f_code.co_filename)):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    path = os.path.abspath(frame.f_code.co_filename)
+    where = f"{short_path(path)}:{frame.f_lineno}"
+    if not _library(path):
+        return where
+    caller = frame.f_back
+    while caller is not None:
+        path = os.path.abspath(caller.f_code.co_filename)
+        if not _skipped(path) and not _library(path):
+            return f"{where} (from {short_path(path)}:{caller.f_lineno})"
+        caller = caller.f_back
+    return where
+
+
+def called_from_torch(depth: int) -> bool:
+    """Whether the frame `depth` levels up is torch's own code."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    path = os.path.abspath(sys._getframe(depth).f_code.co_filename)
+    return path.startswith(os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+class DrawTrace:
+    """The random draws of one window, between `start()` and `stop()`."""
+
+    def __init__(self) -> None:
+        self.draws: list[dict[str, Any]] = []
+        self.active = False
+        self._mode: Any = None
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def start(self) -> None:
+        if self.active:
+            return
+        self.active = True
+        self.draws = []
+        self._mode = _torch_mode(self)
+        if self._mode is not None:
+            self._mode.__enter__()
+        self._patched = _patch_host_draws(self)
+
+    def stop(self) -> list[dict[str, Any]]:
+        if self.active:
+            self.active = False
+            for module, name, original in self._patched:
+                setattr(module, name, original)
+            self._patched = []
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+                self._mode = None
+        return self.draws
+
+    def add(self, op: str, stream: str, shape: Optional[list[int]] = None) -> None:
+        """One draw, with how many restores the run had logged before it."""
+        if len(self.draws) < MAX_DRAWS:
+            from .restore import count
+
+            self.draws.append(
+                {
+                    "op": op,
+                    "stream": stream,
+                    "shape": shape,
+                    "at": user_frame(3),
+                    "after_restores": count(),
+                }
+            )
+
+
+_HOST_SKIP = {"getstate", "setstate", "get_state", "set_state", "seed", "__reduce__"}
+
+
+def _patch_host_draws(window: DrawTrace) -> list[tuple[Any, str, Any]]:
+    """For the window: the module functions of Python's and numpy's global generators
+    (`random.random`, `np.random.rand`, ... are methods of one hidden instance) log a draw."""
+    patched = []
+    targets = [("random", "_inst", "rng:python")]
+    if "numpy" in sys.modules:
+        targets.append(("numpy.random", "mtrand._rand", "rng:numpy"))
+    for module_name, instance_path, stream in targets:
+        module = sys.modules.get(module_name)
+        instance: Any = module
+        for part in instance_path.split("."):
+            instance = getattr(instance, part, None)
+        if module is None or instance is None:
+            continue
+        for name in dir(module):
+            fn = getattr(module, name, None)
+            if getattr(fn, "__self__", None) is instance and name not in _HOST_SKIP:
+                patched.append((module, name, fn))
+                setattr(module, name, _logging(window, fn, name, stream))
+    return patched
+
+
+def _logging(window: DrawTrace, fn: Any, name: str, stream: str) -> Any:
+    def draw(*args: Any, **kwargs: Any) -> Any:
+        window.add(name, stream)
+        return fn(*args, **kwargs)
+
+    return draw
+
+
+def _torch_mode(trace: DrawTrace) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from . import rng
+
+    seeded = torch.Tag.nondeterministic_seeded
+
+    class SeededOps(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if seeded in getattr(func, "tags", ()):
+                try:
+                    trace.add(_op_name(func), _torch_stream(rng, kwargs, out), _shape(out))
+                except Exception:  # the trace explains; it must never break training
+                    pass
+            return out
+
+    return SeededOps()
+
+
+def _op_name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or str(func)
+
+
+def _torch_stream(rng: Any, kwargs: dict, out: Any) -> str:
+    generator = kwargs.get("generator")
+    if generator is not None:
+        return f"rng:generator {rng.identity_of(generator)}"
+    device = getattr(out, "device", None)
+    if device is None or device.type == "cpu":
+        return "rng:cpu"
+    return f"rng:{device.type}:{device.index or 0}"
+
+
+def _shape(out: Any) -> Optional[list[int]]:
+    shape = getattr(out, "shape", None)
+    return list(shape) if shape is not None else None
