@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .accounting import is_identity_key
 from .rank.encode import decode_float
 from .rank.layout import FLOAT_TAG, TENSOR_TAG
 from .relax import ToleranceRule, close, ignored, latent, tolerance_for, without_ignored
@@ -59,12 +60,6 @@ class Comparison:
 def is_audit_key(key: str) -> bool:
     """Keys the in-rank audit added (`rng:...`, `watch:...`), not the user's own."""
     return ":" in key
-
-
-def is_identity_key(key: str) -> bool:
-    """Sample identities (`sample_ids`, `ids`, `*_ids`): what a step consumed, which the
-    values it computed follow from; shown first when both differ."""
-    return key in ("ids", "sample_ids") or key.endswith("_ids")
 
 
 def causal_order(key: str) -> tuple[bool, bool, str]:

@@ -20,11 +20,9 @@ from .orchestrate import LaunchFailed, ResumeOutcome, run_plan
 from .plan import (
     DEFAULT_CHECKPOINT,
     DEFAULT_SEED,
-    Command,
     ResumePlan,
     RunRequest,
     build_plan,
-    target_of,
 )
 from .plot import plot_split
 from .rank.context import LaunchContext
@@ -40,6 +38,7 @@ from .resources import Launcher, LeaseWait, parallelism, with_lease
 from .schedule import Scheduler
 from .settings import TestSettings
 from .signature import Signature, read_run
+from .targets import Command, target_of
 
 ROLE_WORDS = {
     "uninterrupted": "uninterrupted",
@@ -256,6 +255,7 @@ class ResumeEquiv:
             steps=marker.steps,
             splits=list(marker.splits),
             ranks=marker.world_size,
+            resumed_ranks=marker.resumed_world_size if marker.topology_changes else 0,
             device=self.device.kind,
             wall_seconds=self.wall,
             runs=self.runs,

@@ -28,10 +28,31 @@ class MarkerSpec:
     interrupt: str = "continue"
     ignore: tuple[str, ...] = ()
     """Patterns of audited keys or fields to leave out of the comparison (listed as ignored)."""
+    resume_nproc: Optional[int] = None
+    """The resumed launches' ranks per node (None: nproc): a resume on another topology."""
+    resume_nnodes: Optional[int] = None
+    chain: bool = False
+    """Each resumed launch saves at the next split, and the next one resumes from it."""
 
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
+
+    @property
+    def resumed_nproc(self) -> int:
+        return self.resume_nproc or self.nproc
+
+    @property
+    def resumed_nnodes(self) -> int:
+        return self.resume_nnodes or self.nnodes
+
+    @property
+    def resumed_world_size(self) -> int:
+        return self.resumed_nproc * self.resumed_nnodes
+
+    @property
+    def topology_changes(self) -> bool:
+        return (self.resumed_nproc, self.resumed_nnodes) != (self.nproc, self.nnodes)
 
 
 def parse_timeout(raw: Any) -> float:
@@ -127,6 +148,17 @@ def _ignore(value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _chain(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _error("chain", value, "must be True or False")
+    return value
+
+
+def _optional_int(keyword: str) -> Callable[[Any], Optional[int]]:
+    parse = _int(keyword, 1)
+    return lambda value: None if value is None else parse(value)
+
+
 KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "nproc": _int("nproc", 1),
     "nnodes": _int("nnodes", 1),
@@ -136,6 +168,9 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "rng_mutation": _rng_mutation,
     "interrupt": _interrupt,
     "ignore": _ignore,
+    "resume_nproc": _optional_int("resume_nproc"),
+    "resume_nnodes": _optional_int("resume_nnodes"),
+    "chain": _chain,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)
@@ -191,4 +226,12 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
     merged = _arguments(args, kwargs)
     steps = _int("steps", 2)(merged["steps"])
     values = {k: parse(merged[k]) for k, parse in KEYWORDS.items() if k in merged}
-    return MarkerSpec(steps=steps, splits=_splits(merged["split"], steps), **values)
+    spec = MarkerSpec(steps=steps, splits=_splits(merged["split"], steps), **values)
+    if spec.chain and len(spec.splits) < 2:
+        raise _error("chain", True, "a chain needs several splits, e.g. split=[2, 4]")
+    if spec.chain and (spec.topology_changes or spec.interrupt != "continue"):
+        raise SettingError(
+            "@resume_equivalent: chain=True goes with the uninterrupted topology and "
+            'interrupt="continue" (drop resume_nproc/resume_nnodes/interrupt, or chain)'
+        )
+    return spec

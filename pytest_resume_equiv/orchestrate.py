@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .accounting import DataAccount, account
 from .compare import Comparison, compare_runs, is_audit_key
 from .diagnose import Diagnosis, diagnose
 from .errors import ResumeEquivError
@@ -22,6 +23,7 @@ from .rank.layout import PLUGIN_FILES, RANK_DIRS
 from .schedule import Job, Scheduler
 from .settings import TestSettings
 from .signature import Signature, SignatureError, read_run
+from .topology import TopologyCheck, compare_topology, topology_diagnosis
 
 Signatures = dict[int, Signature]
 
@@ -38,6 +40,15 @@ class SplitVerdict:
     """Both runs' signatures as compared (for plots and reports, without reading them again)."""
     values_match: bool = False
     """Only audited state differs: every value the user recorded matched at every step."""
+    data: list[DataAccount] = field(default_factory=list)
+    """The samples the resumed run consumed against the uninterrupted run's (per id key)."""
+    link: int = 0
+    """chain=True: which resume of the chain (1, 2, ...); 0 outside a chain."""
+    topology: Optional[TopologyCheck] = None
+    """A resume on another topology: what it was held to (data, envelopes) and how it did."""
+    direct: Optional[Comparison] = None
+    """A chain link that diverged: a resume from the uninterrupted run's checkpoint at the
+    same split, compared with the uninterrupted run (None when it did not run)."""
 
 
 @dataclass
@@ -206,6 +217,8 @@ class Judge:
         if plan.teeth is None:
             self.outcome.teeth = TeethCheck("off", plan.teeth_off)
         self.uninterrupted: dict[str, tuple[LaunchResult, Signatures]] = {}
+        self.envelopes: dict[str, Signatures] = {}
+        """Uninterrupted launches on the resumed topology, by name."""
         self.killed_after: dict[str, int] = {}
         self.controlled: set[str] = set()
         """Uninterrupted launches whose determinism control was asked for."""
@@ -253,11 +266,41 @@ class Judge:
                     "resume to get wrong",
                 )
 
+    def on_topology_done(self, planned: PlannedLaunch, result: LaunchResult) -> None:
+        self.envelopes[planned.name] = read_signatures(result)
+
     def on_resumed_done(self, planned: PlannedLaunch, result: LaunchResult) -> None:
         assert planned.uninterrupted is not None
+        self._check_checkpoints(planned, result)  # a chain's next link loads its checkpoint
         base_result, base = self.uninterrupted[planned.uninterrupted.name]
         signatures = read_signatures(result)
         split = planned.splits[0]
+        if planned.envelope is not None:
+            verdict = self._on_other_topology(planned, result, base_result, base, signatures)
+        else:
+            verdict = self._compare(result, base_result, base, signatures, split)
+        verdict.link = planned.link
+        self.outcome.verdicts.append(verdict)
+        comparison = verdict.comparison
+        if not comparison.equal:
+            self._teeth_done("cancelled", f"the resume from step {split} diverged")
+            if planned.name in self.plan.direct:
+                self.scheduler.add(self.plan.direct[planned.name])
+        name = planned.uninterrupted.name
+        if comparison.divergence is not None and name not in self.controlled:
+            # Blame the resume only if training is deterministic without one.
+            self.controlled.add(name)
+            self.scheduler.add(self.plan.controls[name])
+
+    def _compare(
+        self,
+        result: LaunchResult,
+        base_result: LaunchResult,
+        base: Signatures,
+        signatures: Signatures,
+        split: int,
+    ) -> SplitVerdict:
+        """A resume on the uninterrupted run's own topology: every rank, value by value."""
         marker = self.settings.marker
         ignore = (*marker.ignore, *[n for sig in signatures.values() for n in sig.ignored])
         comparison = compare_runs(
@@ -271,33 +314,57 @@ class Judge:
         )
         self._note(comparison, split, signatures)
         verdict = SplitVerdict(split, result, base_result, comparison, None, base, signatures)
+        verdict.data = account(base, signatures, split, marker.steps)
         verdict.diagnosis = diagnose(comparison, base, signatures)
         if comparison.divergence is not None:
             if is_audit_key(comparison.divergence.key):
                 values = compare_runs(base, signatures, split, marker.steps, user_only=True)
                 verdict.values_match = values.equal
-        self.outcome.verdicts.append(verdict)
-        if not comparison.equal:
-            self._teeth_done("cancelled", f"the resume from step {split} diverged")
-        name = planned.uninterrupted.name
-        if comparison.divergence is not None and name not in self.controlled:
-            # Blame the resume only if training is deterministic without one.
-            self.controlled.add(name)
-            self.scheduler.add(self.plan.controls[name])
+        return verdict
+
+    def _on_other_topology(
+        self,
+        planned: PlannedLaunch,
+        result: LaunchResult,
+        base_result: LaunchResult,
+        base: Signatures,
+        signatures: Signatures,
+    ) -> SplitVerdict:
+        """A resume on another topology: data exact over the global batch, global values
+        within the topology's own noise (`topology.py`)."""
+        assert planned.envelope is not None
+        marker = self.settings.marker
+        split = planned.splits[0]
+        other = self.envelopes[planned.envelope.name]
+        comparison, check = compare_topology(
+            base, other, signatures, split, marker.steps, marker.tolerance
+        )
+        verdict = SplitVerdict(split, result, base_result, comparison, None, base, signatures)
+        verdict.topology, verdict.data = check, check.data
+        verdict.diagnosis = topology_diagnosis(comparison, check)
+        self._warn(check.unchecked())
+        return verdict
 
     def on_teeth_done(self, planned: PlannedLaunch, result: LaunchResult) -> None:
         assert planned.uninterrupted is not None
         _, base = self.uninterrupted[planned.uninterrupted.name]
         marker = self.settings.marker
-        check = compare_runs(
-            base,
-            read_signatures(result),
-            planned.splits[0],
-            marker.steps,
-            marker.tolerance,
-            user_only=True,
-            skip_steps=1,
-        )
+        split, signatures = planned.splits[0], read_signatures(result)
+        if planned.envelope is not None:
+            other = self.envelopes[planned.envelope.name]
+            check, _ = compare_topology(
+                base, other, signatures, split, marker.steps, marker.tolerance, skip_steps=1
+            )
+        else:
+            check = compare_runs(
+                base,
+                signatures,
+                split,
+                marker.steps,
+                marker.tolerance,
+                user_only=True,
+                skip_steps=1,
+            )
         if check.equal:
             self.outcome.teeth = TeethCheck(
                 "failed", "the recorded values still matched with every RNG stream mutated", check
@@ -306,6 +373,16 @@ class Judge:
             self.outcome.teeth = TeethCheck(
                 "passed", "mutating every RNG stream changed the recorded values", check
             )
+
+    def on_direct_done(self, planned: PlannedLaunch, result: LaunchResult) -> None:
+        assert planned.uninterrupted is not None
+        _, base = self.uninterrupted[planned.uninterrupted.name]
+        split, marker = planned.splits[0], self.settings.marker
+        for verdict in self.outcome.verdicts:
+            if verdict.link and verdict.split == split:
+                verdict.direct = compare_runs(
+                    base, read_signatures(result), split, marker.steps, marker.tolerance
+                )
 
     def on_control_done(self, planned: PlannedLaunch, result: LaunchResult) -> None:
         assert planned.uninterrupted is not None
@@ -329,7 +406,7 @@ class Judge:
             )
 
     def _warn(self, text: str) -> None:
-        if text not in self.outcome.warnings:
+        if text and text not in self.outcome.warnings:
             self.outcome.warnings.append(text)
 
     def _teeth_done(self, status: str, why: str) -> None:

@@ -9,94 +9,31 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional
 
 from .devices import Device
 from .errors import ResumeEquivError
 from .launch import LaunchSpec, Target
 from .rank.context import LaunchContext
-from .rank.template import TemplateError
-from .rank.template import fill as _fill
 from .settings import TestSettings
+from .targets import Command, argv_list, fill, target_from_argv, target_from_callable
 
 DEFAULT_CHECKPOINT = "{run_dir}/checkpoints/step_{split}"
 DEFAULT_SEED = 1234
-Command = Union[Sequence[str], Callable[..., Any]]
 
-ROLES = ("uninterrupted", "interrupted", "resumed", "teeth", "control")
+ROLES = ("uninterrupted", "interrupted", "resumed", "teeth", "control", "topology", "direct")
 """uninterrupted: every step, saving at the splits; interrupted: the first launch of
 interrupt="stop"/"kill"; resumed: from a checkpoint, compared with the uninterrupted launch;
 teeth: a resumed launch with every RNG stream mutated after its first step; control: the
-uninterrupted launch once more, run only after a divergence."""
-
-
-def fill(template: str, values: Mapping[str, Any], where: str) -> str:
-    """`rank.template.fill`, with its errors as the test author's errors."""
-    try:
-        return _fill(template, values, where)
-    except TemplateError as exc:
-        raise ResumeEquivError(str(exc)) from None
-
-
-def argv_list(value: Any, what: str) -> list[str]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ResumeEquivError(
-            f"{what} must be a list of strings, got {type(value).__name__} {value!r}; "
-            'e.g. ["-m", "mytrainer.train", "--max-steps={steps}"]'
-        )
-    bad = [v for v in value if not isinstance(v, (str, os.PathLike))]
-    if bad:
-        raise ResumeEquivError(f"{what} must hold only strings, got {bad[0]!r} in {list(value)!r}")
-    return [os.fspath(v) for v in value]
-
-
-def target_from_callable(fn: Callable[..., Any]) -> Target:
-    """A module-level function, importable by name inside every rank."""
-    name = getattr(fn, "__qualname__", "")
-    module = getattr(fn, "__module__", None)
-    if not module or "<" in name or module == "__main__":
-        raise ResumeEquivError(
-            f"{fn!r} must be a module-level function so every rank can import it by name "
-            "(no lambdas, nested functions or functions defined in __main__)"
-        )
-    path = inspect.getsourcefile(fn)
-    pythonpath: tuple[str, ...] = ()
-    if path:
-        # The directory from which `module` imports as this file: one level up per dot,
-        # and one more for a package's __init__.py.
-        root = os.path.dirname(os.path.abspath(path))
-        depth = module.count(".") + (os.path.basename(path) == "__init__.py")
-        for _ in range(depth):
-            root = os.path.dirname(root)
-        pythonpath = (root,)
-    return Target("call", f"{module}:{name}", (), pythonpath)
-
-
-def target_from_argv(argv: list[str], what: str = "command") -> Target:
-    if not argv:
-        raise ResumeEquivError(f"{what} is empty; give a script path or ['-m', 'module', ...]")
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            raise ResumeEquivError(f"{what} {argv!r}: '-m' needs a module name after it")
-        return Target("module", argv[1], tuple(argv[2:]))
-    if argv[0].startswith("-"):
-        raise ResumeEquivError(
-            f"{what} {argv!r} must start with a Python script path or '-m module' "
-            "(torchrun options are set by the plugin)"
-        )
-    return Target("script", argv[0], tuple(argv[1:]))
-
-
-def target_of(command: Command) -> Target:
-    """What every rank runs for `command` (an argv list, or a module-level function)."""
-    if callable(command):
-        return target_from_callable(command)
-    return target_from_argv(argv_list(command, "command"))
+uninterrupted launch once more, run only after a divergence; topology: the uninterrupted
+launch on the resumed launches' topology (resume_nproc=), whose difference from the
+uninterrupted one is the topology's own numeric noise; direct: in a chain, a resume from the
+uninterrupted launch's checkpoint at a later link's split, run only when that link diverged,
+to tell a stale checkpoint of the link before from a load path that fails at that step."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +66,11 @@ class PlannedLaunch:
     that plans the same launch."""
     kill_after: Optional[int] = None
     """interrupt="kill": SIGKILL this launch once every rank has recorded this step."""
+    envelope: Optional[PlannedLaunch] = None
+    """resumed / teeth on another topology: the uninterrupted launch on that topology, whose
+    difference from the uninterrupted one bounds theirs."""
+    link: int = 0
+    """chain=True: which resume of the chain this is (1, 2, ...); 0 outside a chain."""
 
     @property
     def name(self) -> str:
@@ -136,8 +78,9 @@ class PlannedLaunch:
 
     @property
     def needs(self) -> tuple[PlannedLaunch, ...]:
-        """The launches that must have exited before this one may run the user's code."""
-        return tuple(p for p in (self.uninterrupted, self.source) if p is not None)
+        """The launches that must have exited before this one may run the user's code (the
+        envelope too: it is needed to judge this one, and a slot is better spent on it)."""
+        return tuple(p for p in (self.uninterrupted, self.source, self.envelope) if p)
 
 
 @dataclass
@@ -154,16 +97,22 @@ class ResumePlan:
     controls: dict[str, PlannedLaunch] = field(default_factory=dict)
     """Per uninterrupted launch (by name), its rerun: run only when a resume diverged, to
     tell a resume bug from training that is not deterministic at all."""
+    topology: list[PlannedLaunch] = field(default_factory=list)
+    """resume_nproc= / resume_nnodes=: per uninterrupted launch, the same launch on the
+    resumed launches' topology (the envelope of the topology's own numeric noise)."""
+    direct: dict[str, PlannedLaunch] = field(default_factory=dict)
+    """chain=True: per link after the first (by name), a resume from the uninterrupted
+    launch's checkpoint at its split; run only when the link diverged."""
 
     @property
     def launches(self) -> list[PlannedLaunch]:
         """The launches that always run (teeth and controls only when they can matter)."""
-        return [*self.uninterrupted, *self.interrupted, *self.resumed]
+        return [*self.uninterrupted, *self.topology, *self.interrupted, *self.resumed]
 
     @property
     def all_launches(self) -> list[PlannedLaunch]:
         teeth = [self.teeth] if self.teeth is not None else []
-        return [*self.launches, *teeth, *self.controls.values()]
+        return [*self.launches, *teeth, *self.controls.values(), *self.direct.values()]
 
 
 def launch_key(spec: LaunchSpec, root: str) -> str:
@@ -210,15 +159,19 @@ class _Planner:
             self.target = None
         self.resume_args = argv_list(request.resume_args, "resume_args")
 
-    def values(self, run_dir: str, split: int, splits: Sequence[int], steps: int) -> dict:
-        """The placeholder values of one launch, `{checkpoint}` left to `checkpoint_of`."""
+    def values(
+        self, run_dir: str, split: int, splits: Sequence[int], steps: int, resumed: bool = False
+    ) -> dict:
+        """The placeholder values of one launch, `{checkpoint}` left to `checkpoint_of`;
+        `resumed`: on the resumed launches' topology."""
+        marker = self.marker
         return {
             "steps": steps,
             "split": split,
             "splits": ",".join(map(str, splits)),
             "run_dir": run_dir,
-            "nproc": self.marker.nproc,
-            "world_size": self.marker.world_size,
+            "nproc": marker.resumed_nproc if resumed else marker.nproc,
+            "world_size": marker.resumed_world_size if resumed else marker.world_size,
             "seed": self.request.seed,
         }
 
@@ -231,13 +184,16 @@ class _Planner:
             args += [fill(a, values, "resume_args argument") for a in self.resume_args]
         return args
 
-    def spec(self, name: str, args: list[str], context: LaunchContext) -> LaunchSpec:
+    def spec(
+        self, name: str, args: list[str], context: LaunchContext, resumed: bool = False
+    ) -> LaunchSpec:
+        marker = self.marker
         return LaunchSpec(
             name=name,
             target=self.target if self.target is not None else target_from_argv(args),
             run_dir=context.run_dir,
-            nproc=self.marker.nproc,
-            nnodes=self.marker.nnodes,
+            nproc=marker.resumed_nproc if resumed else marker.nproc,
+            nnodes=marker.resumed_nnodes if resumed else marker.nnodes,
             timeout=self.settings.timeout,
             context=context,
             env={**dict(self.marker.env), **self.request.env},
@@ -245,9 +201,15 @@ class _Planner:
         )
 
     def context(
-        self, phase: str, values: dict, checkpoint: str, splits: Sequence[int]
+        self,
+        phase: str,
+        values: dict,
+        checkpoint: str,
+        splits: Sequence[int],
+        save_at: Sequence[int] = (),
     ) -> LaunchContext:
         return LaunchContext(
+            save_at=tuple(save_at),
             phase=phase,
             run_dir=values["run_dir"],
             device_kind=self.device.kind,
@@ -265,29 +227,42 @@ class _Planner:
         self, name: str, role: str, splits: Sequence[int], run_dir: str, steps: int
     ) -> PlannedLaunch:
         """A launch that saves a checkpoint at each of `splits` (uninterrupted, interrupted,
-        control)."""
-        values = self.values(run_dir, splits[0], splits, steps)
+        control; not topology: the uninterrupted launch on the resumed launches' topology,
+        whose checkpoints nothing loads)."""
+        other = role == "topology"
+        values = self.values(run_dir, splits[0], splits, steps, resumed=other)
         checkpoint = self.checkpoint_of(values)
         args = self.command({**values, "checkpoint": checkpoint}, resumed=False)
         phase = "interrupted" if role == "interrupted" else "uninterrupted"
-        context = self.context(phase, values, checkpoint, splits)
-        return PlannedLaunch(self.spec(name, args, context), role, tuple(splits))
+        context = self.context(phase, values, checkpoint, splits, () if other else splits)
+        return PlannedLaunch(self.spec(name, args, context, resumed=other), role, tuple(splits))
 
     def resuming(
-        self, name: str, role: str, split: int, compared: PlannedLaunch, source: PlannedLaunch
+        self,
+        name: str,
+        role: str,
+        split: int,
+        compared: PlannedLaunch,
+        source: PlannedLaunch,
+        save_at: Sequence[int] = (),
     ) -> PlannedLaunch:
-        """A launch that loads `source`'s checkpoint at `split` (resumed, teeth)."""
+        """A launch that loads `source`'s checkpoint at `split` (resumed, teeth); in a chain
+        it saves at the later splits (`save_at`) for the next link."""
         source_values = {**source.spec.context.template_values, "split": split}
         checkpoint = self.checkpoint_of(source_values)
         run_dir = os.path.join(self.root, name)
-        values = self.values(run_dir, split, self.marker.splits, self.marker.steps)
+        marker = self.marker
+        values = self.values(run_dir, split, marker.splits, marker.steps, resumed=True)
         args = self.command({**values, "checkpoint": checkpoint}, resumed=True)
         context = dataclasses.replace(
-            self.context(role, values, checkpoint, self.marker.splits),
-            template_values=source_values,
+            # a direct resume is a resumed launch to the trainer (ctx.resuming)
+            self.context(
+                "resumed" if role == "direct" else role, values, checkpoint, marker.splits, save_at
+            ),
+            template_values=source_values if not save_at else values,
         )
         return PlannedLaunch(
-            self.spec(name, args, context),
+            self.spec(name, args, context, resumed=True),
             role,
             (split,),
             uninterrupted=compared,
@@ -332,36 +307,45 @@ def build_plan(
     shared_root: Optional[str] = None,
 ) -> ResumePlan:
     """The launches of one run: per group of splits an uninterrupted launch (in `shared_root`
-    when given, so other tests can reuse it) and its control; per split a resumed launch (and
-    an interrupted first launch unless interrupt="continue"); at most one teeth check."""
+    when given, so other tests can reuse it), its control and, on a topology change, its twin
+    on the resumed topology; per split a resumed launch (and an interrupted first launch
+    unless interrupt="continue"; in a chain, each resumed launch loads the previous one's
+    checkpoint); at most one teeth check."""
     planner = _Planner(settings, request, device, root)
     marker = settings.marker
     plan = ResumePlan([], [])
     groups = planner.groups()
+    if marker.chain and len(groups) > 1:
+        raise ResumeEquivError(
+            "chain=True needs one uninterrupted launch that saves at every split, but the "
+            "command differs per split (it uses {split}); use {splits}, or ctx.should_save(step)"
+        )
     for splits in groups:
         name = "uninterrupted" if len(groups) == 1 else f"uninterrupted-split{splits[0]}"
-        own_dir = os.path.join(root, name)
-        run_dir, control_dir = own_dir, f"{own_dir}-control"
-        if shared_root is not None:
-            probe = planner.saving(name, "uninterrupted", splits, own_dir, marker.steps)
-            run_dir = os.path.join(shared_root, launch_key(probe.spec, root))
-            control_dir = f"{run_dir}-control"
-        full = planner.saving(name, "uninterrupted", splits, run_dir, marker.steps)
-        control = planner.saving(f"{name}-control", "control", splits, control_dir, marker.steps)
-        control.uninterrupted = full
-        full.shared = control.shared = shared_root is not None
-        plan.uninterrupted.append(full)
-        plan.controls[name] = control
+        full = _uninterrupted(planner, plan, name, splits, shared_root)
+        envelope = _topology(planner, plan, name, splits, shared_root)
+        previous: Optional[PlannedLaunch] = None
         for split in splits:
             source = full
-            if marker.interrupt != "continue":
+            if marker.chain and previous is not None:
+                source = previous
+            elif marker.interrupt != "continue":
                 source = _interrupted(planner, split)
                 plan.interrupted.append(source)
-            plan.resumed.append(
-                planner.resuming(f"resumed-split{split}", "resumed", split, full, source)
+            later = [s for s in splits if s > split][:1] if marker.chain else []
+            resumed = planner.resuming(
+                f"resumed-split{split}", "resumed", split, full, source, later
             )
+            resumed.envelope = envelope
+            resumed.link = len(plan.resumed) + 1 if marker.chain else 0
+            if resumed.link > 1:
+                name = f"resumed-split{split}-direct"
+                plan.direct[resumed.name] = planner.resuming(name, "direct", split, full, full)
+            plan.resumed.append(resumed)
+            previous = resumed
             if plan.teeth is None and settings.rng_mutation and marker.steps >= split + 2:
                 plan.teeth = planner.resuming(f"teeth-split{split}", "teeth", split, full, source)
+                plan.teeth.envelope = envelope
     plan.warnings += planner.rolling_checkpoint_warning()
     if plan.teeth is None:
         plan.teeth_off = (
@@ -370,6 +354,50 @@ def build_plan(
             else "needs steps >= split + 2 (a step after the mutated one to compare)"
         )
     return plan
+
+
+def _run_dir(planner: _Planner, probe: PlannedLaunch, own_dir: str, shared_root: Optional[str]):
+    """A launch's own directory, or its place in the session's shared directory."""
+    if shared_root is None:
+        return own_dir
+    return os.path.join(shared_root, launch_key(probe.spec, planner.root))
+
+
+def _uninterrupted(
+    planner: _Planner, plan: ResumePlan, name: str, splits: list[int], shared_root: Optional[str]
+) -> PlannedLaunch:
+    """The uninterrupted launch of `splits` and its determinism control."""
+    steps = planner.marker.steps
+    own_dir = os.path.join(planner.root, name)
+    probe = planner.saving(name, "uninterrupted", splits, own_dir, steps)
+    run_dir = _run_dir(planner, probe, own_dir, shared_root)
+    full = planner.saving(name, "uninterrupted", splits, run_dir, steps)
+    control = planner.saving(f"{name}-control", "control", splits, f"{run_dir}-control", steps)
+    control.uninterrupted = full
+    full.shared = control.shared = shared_root is not None
+    plan.uninterrupted.append(full)
+    plan.controls[name] = control
+    return full
+
+
+def _topology(
+    planner: _Planner, plan: ResumePlan, name: str, splits: list[int], shared_root: Optional[str]
+) -> Optional[PlannedLaunch]:
+    """On a topology change, the uninterrupted launch on the resumed topology."""
+    marker = planner.marker
+    if not marker.topology_changes:
+        return None
+    name = f"{name}-nproc{marker.resumed_nproc}" + (
+        f"x{marker.resumed_nnodes}" if marker.resumed_nnodes > 1 else ""
+    )
+    own_dir = os.path.join(planner.root, name)
+    probe = planner.saving(name, "topology", splits, own_dir, marker.steps)
+    launch = planner.saving(
+        name, "topology", splits, _run_dir(planner, probe, own_dir, shared_root), marker.steps
+    )
+    launch.shared = shared_root is not None
+    plan.topology.append(launch)
+    return launch
 
 
 def _interrupted(planner: _Planner, split: int) -> PlannedLaunch:

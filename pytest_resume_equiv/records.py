@@ -85,6 +85,12 @@ class VerdictRecord:
     divergent_keys: dict[str, list[str]]
     likely_cause: Optional[dict[str, Any]] = None
     """{"class", "cause", "notes"}: the diagnosis of the first divergence, when there is one."""
+    data: list[str] = field(default_factory=list)
+    """The data accounting in words, per sample-id key."""
+    chain_link: int = 0
+    """chain=True: which resume of the chain (1, 2, ...); 0 outside a chain."""
+    topology: list[str] = field(default_factory=list)
+    """A resume on another topology: what it was held to, in words (data, envelopes)."""
 
     @classmethod
     def of(cls, verdict: SplitVerdict) -> VerdictRecord:
@@ -111,6 +117,9 @@ class VerdictRecord:
             likely_cause=None
             if diag is None
             else {"class": diag.bug_class, "cause": diag.cause, "notes": list(diag.notes)},
+            data=[item.text() for item in verdict.data],
+            chain_link=verdict.link,
+            topology=[] if verdict.topology is None else verdict.topology.lines(),
         )
 
 
@@ -197,6 +206,13 @@ class TestRecord:
     device: str
     wall_seconds: float
     runs: list[RunRecord]
+    resumed_ranks: int = 0
+    """The resumed launches' world size when it differs (resume_nproc=); 0 otherwise."""
+
+    @property
+    def ranks_text(self) -> str:
+        """ "2", or "2->1" for a resume on another topology."""
+        return f"{self.ranks}->{self.resumed_ranks}" if self.resumed_ranks else str(self.ranks)
 
     @property
     def launches(self) -> int:

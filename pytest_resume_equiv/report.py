@@ -11,22 +11,63 @@ import os
 from .compare import Comparison, first_difference
 from .diagnose import Diagnosis
 from .launch import LaunchResult
-from .orchestrate import ResumeOutcome
+from .orchestrate import ResumeOutcome, SplitVerdict
 from .records import TestRecord
-from .values import readable
+from .values import count, readable
 
 
-def format_comparison(cmp: Comparison) -> str:
+def verdict_label(verdict: SplitVerdict) -> str:
+    """ "split 4", or in a chain which resume it is and whose checkpoint it loaded."""
+    if not verdict.link:
+        return f"split {verdict.split}"
+    if verdict.link == 1:
+        return f"chain link 1 (resumed from step {verdict.split} of the uninterrupted run)"
+    return (
+        f"chain link {verdict.link} (resumed from step {verdict.split}, from the checkpoint "
+        f"chain link {verdict.link - 1} saved)"
+    )
+
+
+def chain_text(outcome: ResumeOutcome, broke: SplitVerdict) -> str:
+    """Which link of a chain broke, and whether a resume from the uninterrupted run's own
+    checkpoint at that step broke too: that separates a stale checkpoint written by the
+    link before from a load path that fails from that step on."""
+    links = [v for v in outcome.verdicts if v.link]
+    held = [v.link for v in links if v.link < broke.link and v.comparison.equal]
+    text = f"the chain broke at link {broke.link} of {len(links)} (resumed from step {broke.split})"
+    if held:
+        text += f"; link{'s' * (len(held) > 1)} {', '.join(map(str, held))} matched"
+    direct = broke.direct
+    if direct is None or broke.link == 1:
+        return text
+    before = broke.link - 1
+    if direct.equal:
+        return text + (
+            f"; a resume from the uninterrupted run's checkpoint at step {broke.split} matches, "
+            f"so the checkpoint chain link {before} saved after its own resume does not hold "
+            "the state it trained with: the resumed run saves a stale object (a state dict "
+            "taken before the load) or leaves something out of its save"
+        )
+    return text + (
+        f"; a resume from the uninterrupted run's checkpoint at step {broke.split} diverges "
+        f"too ({first_difference(direct)}): the load path fails from this step on, whoever "
+        "saved the checkpoint"
+    )
+
+
+def format_comparison(cmp: Comparison, label: str = "") -> str:
+    label = label or f"split {cmp.split}"
     if cmp.problems:
-        lines = [f"split {cmp.split}: the resumed run did not record the steps it should have:"]
+        lines = [f"{label}: the resumed run did not record the steps it should have:"]
         lines += [f"  {p.message}" for p in cmp.problems]
         return "\n".join(lines)
     div = cmp.divergence
     if div is None:
-        return f"split {cmp.split}: equal on all {cmp.world_size} ranks over {cmp.compared_steps} steps"
+        ranks = f"all {cmp.world_size} ranks" if cmp.world_size > 1 else "its one rank"
+        return f"{label}: equal on {ranks} over {cmp.compared_steps} steps"
     where = f"key {div.key!r}" + (f" at {div.path}" if div.path != div.key else "")
     lines = [
-        f"split {cmp.split}: first divergence at step {div.step}, rank {div.rank}, {where}: {div.detail}",
+        f"{label}: first divergence at step {div.step}, rank {div.rank}, {where}: {div.detail}",
         f"  [- uninterrupted] {readable(div.expected)}",
         f"  [+ resumed]       {readable(div.actual)}",
     ]
@@ -41,7 +82,8 @@ def format_comparison(cmp: Comparison) -> str:
     per_rank = "; ".join(
         f"rank {r}: {', '.join(keys)}" for r, keys in sorted(cmp.divergent_keys.items())
     )
-    lines.append(f"  keys that differ at step {div.step}: {per_rank}")
+    if per_rank:
+        lines.append(f"  keys that differ at step {div.step}: {per_rank}")
     return "\n".join(lines)
 
 
@@ -60,7 +102,7 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
         head = f"the {role} launch ({spec.name}) timed out after {spec.timeout:g}s and was killed"
     else:
         head = f"the {role} launch ({spec.name}) failed"
-    lines = [head + f" ({spec.world_size} ranks, {result.duration:.1f}s):"]
+    lines = [head + f" ({count(spec.world_size, 'rank')}, {result.duration:.1f}s):"]
     # The ranks that failed on their own first, then those torchrun stopped because of them.
     bad = sorted(
         (r for r in result.ranks if not r.ok),
@@ -157,8 +199,17 @@ def format_outcome(outcome: ResumeOutcome, kept: str) -> str:
     else:
         head = ["resumed training is not equivalent to the uninterrupted run"]
     lines = list(head)
+    if failing and failing[0].link:
+        lines.append(chain_text(outcome, failing[0]))
     for verdict in failing:
-        lines.append(format_comparison(verdict.comparison))
+        label = verdict_label(verdict)
+        if verdict.topology is not None:
+            lines += [f"{label}: {line.strip()}" for line in verdict.topology.lines()[:1]]
+            lines += verdict.topology.lines()[1:]
+        else:
+            # which samples first: a different batch explains different values
+            lines += [f"{label}: {a.text()}" for a in verdict.data if not a.exact]
+        lines.append(format_comparison(verdict.comparison, label))
         div = verdict.comparison.divergence
         if verdict.values_match and div is not None:
             lines.append(
@@ -188,11 +239,16 @@ def format_plan_summary(outcome: ResumeOutcome) -> str:
         )
         reused = f" (reused: run for {result.reused})" if result.reused else ""
         lines.append(
-            f"{result.spec.name}: {result.spec.world_size} ranks, {result.duration:.1f}s, "
+            f"{result.spec.name}: {count(result.spec.world_size, 'rank')}, {result.duration:.1f}s, "
             f"{status}, {result.spec.run_dir}{reused}"
         )
     for verdict in outcome.verdicts:
-        lines.append(format_comparison(verdict.comparison).splitlines()[0])
+        if verdict.topology is not None:
+            lines += [f"{verdict_label(verdict)}: {verdict.topology.lines()[0]}"]
+            lines += verdict.topology.lines()[1:]
+        else:
+            first = format_comparison(verdict.comparison, verdict_label(verdict))
+            lines.append(first.splitlines()[0])
     lines.append(teeth_text(outcome))
     control = control_text(outcome)
     if control:
@@ -211,7 +267,7 @@ def outcome_failure(outcome: ResumeOutcome) -> str:
         return "not deterministic without a resume: " + first_difference(outcome.nondeterministic)
     for verdict in outcome.verdicts:
         if not verdict.comparison.equal:
-            return f"split {verdict.split}: {first_difference(verdict.comparison)}"
+            return f"{verdict_label(verdict)}: {first_difference(verdict.comparison)}"
     return ""
 
 
@@ -248,7 +304,7 @@ def format_summary_table(records: list[TestRecord]) -> list[str]:
         rows.append(
             [
                 r.test,
-                str(r.ranks),
+                r.ranks_text,
                 ",".join(map(str, r.splits)),
                 f"{r.launches}{reused}",
                 f"{r.wall_seconds:.1f}s",

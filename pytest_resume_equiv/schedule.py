@@ -17,6 +17,7 @@ from typing import Callable, Optional, Protocol
 from .launch import LaunchResult, RunningLaunch
 from .plan import PlannedLaunch
 from .signature import StepWatcher
+from .values import count
 
 
 class Handle(Protocol):
@@ -203,6 +204,6 @@ class Scheduler:
         spec = job.planned.spec
         elapsed = time.monotonic() - job.gate_opened_at if job.gate_opened_at else 0.0
         self.on_progress(
-            f"{spec.name} ({spec.world_size} ranks): {event}, step {job.steps_recorded()}/"
+            f"{spec.name} ({count(spec.world_size, 'rank')}): {event}, step {job.steps_recorded()}/"
             f"{spec.context.steps} recorded on every rank, {elapsed:.1f}s"
         )

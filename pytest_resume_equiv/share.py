@@ -37,9 +37,7 @@ def result_from_json(data: dict) -> LaunchResult:
         tuple(target.get("args", ())),
         tuple(target.get("pythonpath", ())),
     )
-    context = dict(spec.pop("context"))
-    context["splits"] = tuple(context.get("splits", ()))
-    spec["context"] = LaunchContext(**context)
+    spec["context"] = LaunchContext.from_json(json.dumps(spec.pop("context")))
     return LaunchResult(
         spec=LaunchSpec(**spec),
         returncodes=list(data["returncodes"]),

@@ -55,3 +55,8 @@ def scalar(value: Any) -> Optional[float]:
     if isinstance(value, (int, float)):
         return float(value)
     return decode_float(value)
+
+
+def count(n: int, noun: str) -> str:
+    """ "1 rank", "2 ranks"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,12 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from helpers import CPU, section_of  # noqa: E402
-from test_bug_classes import CASES, CONTROLS, ZOO, _test_module  # noqa: E402
+from test_bug_classes import CASES, CONTROLS, _test_module, copy_scripts  # noqa: E402
 
 INTRO = """# Bug catalogue
 
-Every class of resume bug below is reproduced by `tests/zoo/bugzoo.py` or
-`tests/zoo/orderzoo.py` (trainers with one switch per bug) and caught by a resume test; the
+Every class of resume bug below is reproduced by a trainer of `tests/zoo/` (one switch per
+bug) or `examples/data_loading/train_cursor.py`, and caught by a resume test; the
 text under each is the report the plugin printed (paths and the rerun command left out).
 `tests/test_bug_classes.py` checks that each report names its cause and its fix. Class 2
 (device RNG) needs an accelerator: its report reads like class 1's with the device stream
@@ -53,8 +52,7 @@ def main() -> None:
     reports = {}
     for group in sorted(CONTROLS):
         work = tempfile.mkdtemp(prefix=f"bug-catalogue-{group}-")
-        for script in ("bugzoo.py", "orderzoo.py"):
-            shutil.copy(ZOO / script, os.path.join(work, script))
+        copy_scripts(work)
         with open(os.path.join(work, "test_bugs.py"), "w") as f:
             f.write(_test_module(group))
         proc = subprocess.run(

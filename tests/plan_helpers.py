@@ -20,9 +20,10 @@ def plan_for(root, command, shared_root=None, device=CPU, request=None, **marker
     return settings, build_plan(settings, request, device, str(root), shared_root)
 
 
-def write_run(run_dir, steps, world_size=1, rng=lambda step, rank: f"s{step}", loss=None):
+def write_run(run_dir, steps, world_size=1, rng=lambda step, rank: f"s{step}", loss=None, ids=None):
     """The signature files a trainer would leave in `run_dir`, recording `steps`; `loss(step,
-    rank)` gives the recorded value (step / 2 by default)."""
+    rank)` gives the recorded value (step / 2 by default), `ids(step, rank)` the sample ids
+    (none by default)."""
     import json
     import os
 
@@ -41,6 +42,8 @@ def write_run(run_dir, steps, world_size=1, rng=lambda step, rank: f"s{step}", l
         lines = [{**head, "rank": rank, "world_size": world_size}]
         for step in steps:
             values = {"loss": encode(loss(step, rank), "loss")}
+            if ids is not None:
+                values["sample_ids"] = ids(step, rank)
             lines.append({"step": step, "values": values, "rng": {"cpu": rng(step, rank)}})
         lines.append({"end": {"records": len(steps)}})
         with open(path, "w") as f:

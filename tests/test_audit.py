@@ -120,3 +120,40 @@ def test_device_digest_is_exact_and_order_sensitive():
     assert device_digest(torch.zeros(3, dtype=torch.uint8)) != device_digest(
         torch.zeros(4, dtype=torch.uint8)
     )
+
+
+def test_a_loader_is_audited_by_the_parts_a_resume_must_carry(in_rank):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    in_rank()
+    data = list(range(8))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_size=2, sampler=sampler, generator=torch.Generator())
+    req.watch(loader=loader)
+    try:
+        sampler.set_epoch(2)
+        audit = watch.audit()
+        assert audit["loader.epoch"] == {"sampler.epoch": 2, "sampler.seed": 3}
+        assert set(audit["loader.generator"]) == {"loader"}
+        assert "loader.position" not in audit  # a plain DataLoader has no position to read
+    finally:
+        watch._watched.clear()
+
+
+def test_a_stateful_loader_is_audited_with_its_position_and_workers(in_rank):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    in_rank()
+    loader = stateful.StatefulDataLoader(list(range(8)), batch_size=2, shuffle=True)
+    req.watch(loader=loader)
+    try:
+        batches = iter(loader)
+        next(batches)
+        first = watch.audit()
+        next(batches)
+        second = watch.audit()
+        assert first["loader.position"]["batches yielded"] == 1
+        assert second["loader.position"]["batches yielded"] == 2
+        assert second["loader.position"]["samples yielded"] == 4
+        assert "saved sampler iterator" in second["loader.generator"]
+    finally:
+        watch._watched.clear()

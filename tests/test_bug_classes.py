@@ -18,6 +18,13 @@ import pytest
 from helpers import CPU, section_of
 
 ZOO = Path(__file__).with_name("zoo")
+CURSOR = Path(__file__).parent.parent / "examples" / "data_loading" / "train_cursor.py"
+
+
+def copy_scripts(dest: Path) -> None:
+    """The zoo's trainers, and the example trainer that resumes on another number of ranks."""
+    for script in [*ZOO.glob("*.py"), CURSOR]:
+        shutil.copy(script, Path(dest) / script.name)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class Case:
     every_launch: bool = False
     """A bug in training or on the save path: the uninterrupted launch has it too."""
     checkpoint: str = ""
+    resume: str = ""
+    """Resume arguments of a command-line trainer (its --bug is added to them)."""
 
 
 def zoo(name, bug, *expected, group="a", **kw):
@@ -40,6 +49,7 @@ def zoo(name, bug, *expected, group="a", **kw):
 
 
 ORDER = "orderzoo.py"
+CHAIN = "nproc=1, split=[2, 4], chain=True"
 CASES = [
     zoo(
         "01-cpu-rng",
@@ -226,7 +236,47 @@ CASES = [
         group="c",
     ),
     zoo(
-        "26-rolling-checkpoint",
+        "23-chained-stale-state",
+        "chain_stale",
+        "the chain broke at link 2 of 2 (resumed from step 4); link 1 matched",
+        "a resume from the uninterrupted run's checkpoint at step 4 matches",
+        "the resumed run saves a stale object (a state dict taken before the load)",
+        marker=CHAIN,
+        group="c",
+    ),
+    zoo(
+        "25-per-process-skip-on-another-world-size",
+        "per-process-skip",
+        "data NOT equivalent (a bug, not numeric noise)",
+        "never seen",
+        "likely cause (data order): data not equivalent on 1 rank",
+        "the resumed run started from an earlier place in the data",
+        "skip it in global samples (steps x global batch), not per process",
+        marker="nproc=2, resume_nproc=1, steps=8, split=5",
+        script="train_cursor.py --max-steps={steps} --save-at={splits} --output-dir={run_dir}",
+        resume="--resume-from={checkpoint}",
+        group="c",
+    ),
+    zoo(
+        "26-saved-but-never-applied",
+        "never_applied",
+        "likely cause (module never restored)",
+        "the module 'ema' was never restored (no load_state_dict call restored it)",
+        marker="nproc=1, steps=7, split=5",
+        group="b",
+    ),
+    zoo(
+        "27-persistent-worker-carry-over",
+        "persistent_carry",
+        "likely cause (skipped again)",
+        "the resumed run matched through step 3, then consumed the samples of step 6 (ids)",
+        "persistent dataloader worker",
+        marker="nproc=1, steps=7, split=2",
+        script="loaderzoo.py",
+        group="c",
+    ),
+    zoo(
+        "20-rolling-checkpoint",
         "rolling",
         "likely cause (restored from another step)",
         "was written again after the uninterrupted run saved it at step 3",
@@ -252,6 +302,8 @@ CONTROLS = {
         ("control_iterator_after_every_load_and_save", "nproc=1", f"{ORDER} --reiterate=yes"),
         ("control_eval_pass_before_the_save", "nproc=1", f"{ORDER} --eval-before-save=yes"),
         ("control_latent_stream_warns", "nproc=1", f"{ORDER} --bug=latent_rng"),
+        ("control_chain", CHAIN, "bugzoo.py --trainer=train"),
+        ("control_persistent_worker", "nproc=1, steps=7, split=2", "loaderzoo.py"),
     ],
 }
 WARNED = {
@@ -282,7 +334,7 @@ def _test(name: str, marker: str, command: list, resume_args: list, checkpoint: 
 def _test_module(group: str) -> str:
     lines = ["from pytest_resume_equiv import resume_equivalent", ""]
     for case in (c for c in CASES if c.group == group):
-        command, resume_args = case.script.split(), []
+        command, resume_args = case.script.split(), case.resume.split()
         (command if case.every_launch else resume_args).append(f"--bug={case.bug}")
         lines += _test(case.name, case.marker, command, resume_args, case.checkpoint)
     for name, marker, script in CONTROLS[group]:
@@ -316,8 +368,7 @@ def _problems(text: str, group: str) -> list[str]:
 @pytest.mark.long(150)
 @pytest.mark.parametrize("group", sorted(CONTROLS))
 def test_bug_classes_are_caught_and_named(pytester, group):
-    for script in ("bugzoo.py", "orderzoo.py"):
-        shutil.copy(ZOO / script, pytester.path / script)
+    copy_scripts(pytester.path)
     pytester.makepyfile(test_bugs=_test_module(group))
     result = pytester.runpytest_subprocess(*CPU, "-rA", "-W", "always")
     text = result.stdout.str()

@@ -30,7 +30,7 @@ def runs(in_rank, tmp_path):
 def test_compare_equal_runs_exits_0(runs, capsys):
     base, same, _ = runs
     assert main(["compare", base, same]) == 0
-    assert "split 2: equal on all 1 ranks over 2 steps" in capsys.readouterr().out
+    assert "split 2: equal on its one rank over 2 steps" in capsys.readouterr().out
 
 
 def test_compare_diverged_runs_exits_1_with_the_report(runs, capsys):

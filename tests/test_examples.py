@@ -1,6 +1,6 @@
 """The shipped examples run as a user runs them: their tests pass on CPU with gloo.
 
-(The toy DiT example runs in tests/test_toy_wan.py, beside its resume bugs; the HF Trainer,
+(The toy DiT examples run in tests/test_toy_wan.py, beside its resume bugs; the HF Trainer,
 Lightning and accelerate examples in tests/test_integrations.py, beside their adapters.)
 """
 
@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CPU
+from helpers import CPU, section_of
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -23,9 +23,36 @@ def test_minimal_example(pytester):
     assert "split 3: first divergence at step 4, rank 0, key 'loss': float differs" in text
 
 
+@pytest.mark.long(150)
+def test_data_loading_examples(pytester):
+    """A StatefulDataLoader trainer with two workers resumed mid-epoch 1 and in a chain, its
+    twin that forgets the epoch, and a global-cursor trainer resumed 2 -> 1 and 1 -> 2, with
+    its twin that skips per process."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    shutil.copytree(EXAMPLES / "data_loading", pytester.path / "data_loading")
+    result = pytester.runpytest_subprocess(*CPU, "-rP", "data_loading")
+    result.assert_outcomes(passed=5)
+    text = result.stdout.str()
+    chain = section_of(text, "test_stateful_loader_resumes_again_and_again")
+    for link in (
+        "chain link 1 (resumed from step 2 of the uninterrupted run): equal",
+        "chain link 2 (resumed from step 4, from the checkpoint chain link 1 saved): equal",
+        "chain link 3 (resumed from step 6, from the checkpoint chain link 2 saved): equal",
+    ):
+        assert link in chain
+    epoch = section_of(text, "test_stateful_loader_epoch_not_restored_is_caught")
+    assert "(epoch 0's order replayed in epoch 1" in epoch
+    assert "its epoch (sampler.epoch: uninterrupted 1, resumed 0)" in epoch
+    for name in ("two_ranks_onto_one", "one_rank_onto_two"):
+        section = section_of(text, f"test_global_cursor_resumes_from_{name}")
+        assert "data exact: data (sample_ids): every sample consumed exactly once" in section
+    skip = section_of(text, "test_per_process_skip_is_caught_on_another_world_size")
+    assert "data NOT equivalent (a bug, not numeric noise)" in skip and "never seen" in skip
+
+
 def test_examples_collect_together(pytester):
     """The README's main job runs every example in one session: names must not collide."""
     shutil.copytree(EXAMPLES, pytester.path / "examples")
     result = pytester.runpytest_subprocess(*CPU, "--collect-only", "-q", "examples")
-    result.stdout.fnmatch_lines(["*9 tests collected*"])
+    result.stdout.fnmatch_lines(["*16 tests collected*"])
     assert result.ret == 0

@@ -133,7 +133,7 @@ EXAMPLE_RUNS = {
         7,
         "likely cause (data order): rank 0, step 6: sample ids differ (sample_ids)",
         {"loss", "lr", "sample_ids"},
-        {"model", "optimizer", "scheduler"},
+        {"model", "optimizer", "scheduler", "loader"},
     ),
 }
 

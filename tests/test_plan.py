@@ -6,13 +6,8 @@ import pytest
 from plan_helpers import plan_for
 
 from pytest_resume_equiv.errors import ResumeEquivError
-from pytest_resume_equiv.plan import (
-    RunRequest,
-    fill,
-    launch_key,
-    target_from_argv,
-    target_from_callable,
-)
+from pytest_resume_equiv.plan import RunRequest, launch_key
+from pytest_resume_equiv.targets import fill, target_from_argv, target_from_callable
 
 
 def train(ctx):
@@ -237,3 +232,53 @@ def test_a_rolling_checkpoint_path_is_warned_about_before_the_launches(
         (text,) = plan.warnings
         assert text.startswith(f"checkpoint={checkpoint!r} is the same path at every split")
         assert "put {split} in the path" in text and 'interrupt="stop"' in text
+
+
+def test_a_chain_resumes_each_link_from_the_checkpoint_the_link_before_saved(tmp_path):
+    plan = build(tmp_path, train, steps=8, split=[2, 4, 6], chain=True)
+    links = plan.resumed
+    assert [p.link for p in links] == [1, 2, 3]
+    assert links[0].source is plan.uninterrupted[0]
+    assert links[1].source is links[0] and links[2].source is links[1]
+    assert [p.spec.context.save_at for p in links] == [(4,), (6,), ()]
+    assert links[1].checkpoint == os.path.join(links[0].spec.run_dir, "checkpoints", "step_4")
+    # each link saves into its own run directory
+    assert links[0].spec.context.template_values["run_dir"] == links[0].spec.run_dir
+    assert plan.uninterrupted[0].spec.context.save_at == (2, 4, 6)
+    # the direct resumes, run only when a later link diverges, load the uninterrupted run's
+    assert set(plan.direct) == {"resumed-split4", "resumed-split6"}
+    direct = plan.direct["resumed-split6"]
+    assert direct.source is plan.uninterrupted[0] and direct.role == "direct"
+    assert direct.spec.context.phase == "resumed"  # ctx.resuming in the trainer
+    assert direct not in plan.launches and direct in plan.all_launches
+
+
+def test_without_a_chain_every_resume_loads_the_uninterrupted_checkpoint(tmp_path):
+    plan = build(tmp_path, train, steps=8, split=[2, 4])
+    assert all(p.source is plan.uninterrupted[0] and p.link == 0 for p in plan.resumed)
+    assert all(p.spec.context.save_at == () for p in plan.resumed) and plan.direct == {}
+
+
+def test_a_chain_needs_one_uninterrupted_launch(tmp_path):
+    with pytest.raises(ResumeEquivError, match="chain=True needs one uninterrupted launch"):
+        build(tmp_path, ["t.py", "--save={split}"], steps=8, split=[2, 4], chain=True)
+
+
+def test_a_topology_change_plans_the_uninterrupted_run_on_the_resumed_topology(tmp_path):
+    plan = build(tmp_path, train, nproc=2, resume_nproc=1)
+    (full,), (other,), (resumed,) = plan.uninterrupted, plan.topology, plan.resumed
+    assert (full.spec.nproc, other.spec.nproc, resumed.spec.nproc) == (2, 1, 1)
+    assert other.name == "uninterrupted-nproc1" and other.role == "topology"
+    assert other.spec.context.save_at == ()  # nothing loads its checkpoints
+    assert resumed.envelope is other and other in resumed.needs
+    assert plan.teeth.envelope is other and plan.teeth.spec.nproc == 1
+    assert resumed.spec.context.template_values["world_size"] == 2  # the saving launch's
+    assert other.spec.context.template_values["world_size"] == 1
+    assert build(tmp_path, train, nproc=2).topology == []
+
+
+def test_resume_on_more_nodes(tmp_path):
+    plan = build(tmp_path, train, nproc=1, nnodes=2, resume_nnodes=1, resume_nproc=2)
+    (other,) = plan.topology
+    assert (other.spec.nproc, other.spec.nnodes) == (2, 1)
+    assert (plan.resumed[0].spec.nproc, plan.resumed[0].spec.nnodes) == (2, 1)

@@ -92,11 +92,11 @@ def test_plan_summary_lists_launches_reuse_and_a_skipped_teeth_check(tmp_path):
     full = plan.uninterrupted[0].spec.run_dir
     assert (
         lines[0]
-        == f"uninterrupted: 1 ranks, 1.2s, ok, {full} (reused: run for test_a.py::test_first)"
+        == f"uninterrupted: 1 rank, 1.2s, ok, {full} (reused: run for test_a.py::test_first)"
     )
-    assert lines[1].startswith("resumed-split3: 1 ranks, 1.2s, ok, ")
+    assert lines[1].startswith("resumed-split3: 1 rank, 1.2s, ok, ")
     assert lines[2:] == [
-        "split 3: equal on all 1 ranks over 3 steps",
+        "split 3: equal on its one rank over 3 steps",
         "teeth check skipped: nothing random",
     ]
 
@@ -198,7 +198,7 @@ def test_a_killed_launch_is_killed_as_planned_and_an_interrupted_run_counts_what
     outcome = ResumeOutcome(plan)
     outcome.launches = [result_of(plan.uninterrupted[0]), first]
     assert first.status == "killed as planned"
-    assert "interrupted-split3: 1 ranks, 1.2s, killed as planned, " in format_plan_summary(outcome)
+    assert "interrupted-split3: 1 rank, 1.2s, killed as planned, " in format_plan_summary(outcome)
     run = RunRecord.of(outcome, "interrupted", stopped=[plan.resumed[0]])
     assert [(x.name, x.status, x.ok) for x in run.launches] == [
         ("uninterrupted", "ok", True),

@@ -22,6 +22,7 @@ def audited(in_rank, monkeypatch):
     rng.install()
     restore.install_torch()
     restore.install_host()
+    restore.drain()
 
     def enter(**kwargs):
         run_dir = in_rank(**kwargs)
@@ -33,7 +34,7 @@ def audited(in_rank, monkeypatch):
     if hook is not None:
         hook.remove()
     resume_point._window.stop()
-    restore.drain()
+    restore.uninstall()
 
 
 def signature(run_dir):

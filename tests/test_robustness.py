@@ -196,10 +196,10 @@ def test_interrupt_modes_stop_and_kill(trainers):
     result.assert_outcomes(passed=2, failed=1)
     # the launch killed on purpose is not a failure, in every place that lists launches
     text = result.stdout.str()
-    assert "resume-equiv: interrupted-split2 (1 ranks): killed as planned, step " in text
+    assert "resume-equiv: interrupted-split2 (1 rank): killed as planned, step " in text
     assert "interrupted-split2 (killed as planned)" in text  # the -v line after the test
-    assert "interrupted-split2: 1 ranks, " in text and "s, killed as planned, " in text
-    assert "interrupted-split2: 1 ranks" not in [x for x in result.stdout.lines if "FAILED" in x]
+    assert "interrupted-split2: 1 rank, " in text and "s, killed as planned, " in text
+    assert "interrupted-split2: 1 rank," not in [x for x in result.stdout.lines if "FAILED" in x]
     report = json.loads((trainers.path / "r.json").read_text())
     kill = next(t for t in report["tests"] if t["test"].endswith("::test_kill"))
     (first,) = [x for x in kill["runs"][0]["launches"] if x["name"] == "interrupted-split2"]

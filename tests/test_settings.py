@@ -199,6 +199,14 @@ def test_marker_defaults_and_split_list():
             {"steps": 6, "split": 3, "ignore": [3]},
             "invalid ignore=[3]: expected a list of patterns",
         ),
+        ((), {"steps": 6, "split": 3, "resume_nproc": 0}, "invalid resume_nproc=0: must be >= 1"),
+        ((), {"steps": 6, "split": 3, "chain": 1}, "invalid chain=1: must be True or False"),
+        ((), {"steps": 6, "split": 3, "chain": True}, "a chain needs several splits"),
+        (
+            (),
+            {"steps": 6, "split": [2, 4], "chain": True, "resume_nproc": 1},
+            "chain=True goes with the uninterrupted topology",
+        ),
         ((6, 3, 2), {}, "at most 2 positional arguments"),
         ((6,), {"steps": 6, "split": 3}, "steps given both positionally and as a keyword"),
     ],
@@ -208,6 +216,14 @@ def test_marker_errors_name_keyword_and_value(args, kwargs, message):
         parse_marker(args, kwargs)
     assert message in str(err.value)
     assert str(err.value).startswith("@resume_equivalent")
+
+
+def test_topology_and_chain_keywords():
+    spec = parse_marker((), {"steps": 6, "split": 3, "nproc": 2, "resume_nproc": 1})
+    assert spec.topology_changes and spec.resumed_world_size == 1
+    same = parse_marker((), {"steps": 6, "split": 3, "nproc": 2, "resume_nproc": 2})
+    assert not same.topology_changes
+    assert parse_marker((), {"steps": 6, "split": [2, 4], "chain": True}).chain
 
 
 def test_tolerance_forms():

@@ -25,6 +25,7 @@ from .evidence import (
     scheduler_restarted,
     stream_name,
 )
+from .subject import point_value
 
 
 def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
@@ -135,6 +136,9 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
         user = [k for k in keys if not is_audit_key(k)]
         differing_ids = [k for k in user if is_id_key(k)]
         if differing_ids:
+            again = _skipped_again(ev, rank, differing_ids[0])
+            if again is not None:
+                return again
             return Diagnosis(
                 f"{ev.where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
                 "stream matches: the data order was not restored (sampler epoch or permutation, "
@@ -151,6 +155,28 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
                 "dataloader workers",
             )
     return None
+
+
+def _skipped_again(ev: Evidence, rank: int, key: str) -> Optional[Diagnosis]:
+    """Every resumed step matched for a while, then one consumed a later step's samples: the
+    skip that placed the resume right was made a second time."""
+    if ev.step <= ev.split + 1:
+        return None
+    ids = ev.res[rank][ev.step].get(key)
+    later = [
+        s for s, values in sorted(ev.base[rank].items()) if s > ev.step and values.get(key) == ids
+    ]
+    if not later:
+        return None
+    return Diagnosis(
+        f"{ev.where(rank)}: the resumed run matched through step {ev.step - 1}, then consumed "
+        f"the samples of step {later[0]} ({key}): it skipped ahead again after the resume had "
+        "placed it right, so the skip made at the resume is applied a second time, typically "
+        "by a persistent dataloader worker that keeps the restored per-worker state into the "
+        "next epoch. Fix: apply the resume's skip once and reset it in the worker (or restart "
+        "the workers after the first epoch)",
+        "skipped again",
+    )
 
 
 def _modes(ev: Evidence) -> Optional[Diagnosis]:
@@ -178,6 +204,15 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
             if k.endswith(".params") and not is_optimizer(ev.base[rank][ev.step], k[6:-7])
         ]
         if ev.step == ev.split + 1 and user and model_params:
+            base_point, res_point = ev.points(rank)
+            if (
+                base_point
+                and res_point
+                and all(
+                    point_value(base_point, k) == point_value(res_point, k) for k in model_params
+                )
+            ):
+                return _unseen_input(ev, rank, user)
             name = first_diff_name(
                 ev.base[rank][ev.step].get(model_params[0]),
                 ev.res[rank][ev.step].get(model_params[0]),
@@ -191,6 +226,21 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
                 "torn checkpoint",
             )
     return None
+
+
+def _unseen_input(ev: Evidence, rank: int, user: list[str]) -> Diagnosis:
+    """The weights were right when the first resumed step began, and the step still computed
+    something else: an input the audit does not see."""
+    ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_id_key(k)]
+    same = f", the sample ids ({ids[0]})" if ids else ""
+    return Diagnosis(
+        f"{ev.where(rank)}: at the resume point the weights{same} and every audited RNG stream "
+        f"match the uninterrupted run, yet {', '.join(user)} already differ at the first resumed "
+        "step: an input the audit does not see differs, such as the samples' content "
+        "(augmentation drawn in dataloader workers, which a resume re-seeds) or an unwatched "
+        "object. Record the batch's content (e.g. x=batch) or watch() the object to tell",
+        "unaudited input",
+    )
 
 
 def _buffers(ev: Evidence) -> Optional[Diagnosis]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
+from ..values import readable
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
 from .subject import Subject, equal_to_step, point_value
 
@@ -169,6 +170,55 @@ def object_never_restored(s: Subject) -> Optional[Diagnosis]:
     )
 
 
+LOADER_PARTS = {
+    "epoch": (
+        "its epoch",
+        "restore the sampler's epoch (set_epoch(saved_epoch) on the loader made after the "
+        "load, before iterating)",
+    ),
+    "position": (
+        "its position in the epoch",
+        "restore the position (StatefulDataLoader.load_state_dict), or skip exactly the "
+        "batches the saved step consumed, in global samples",
+    ),
+    "generator": (
+        "its shuffling generator",
+        "save the sampler's / loader's generator state and set it before the iterator is made",
+    ),
+    "workers": (
+        "its per-worker state",
+        "load the loader state before its workers start (persistent workers keep what they had)",
+    ),
+    "dataset": ("its dataset's state", "save and load the dataset's state_dict()"),
+}
+
+
+def loader_parts(s: Subject) -> Optional[Diagnosis]:
+    """A data loader: which of its parts differ at the resume point, each with its fix."""
+    if s.kind != "loader":
+        return None
+    parts = [k.rsplit(".", 1)[1] for k in s.keys]
+    parts = [p for p in LOADER_PARTS if p in parts]
+    shown = []
+    for part in parts:
+        key = f"{s.name}.{part}"
+        a, b = point_value(s.base, key), point_value(s.res, key)
+        name = first_diff_name(a, b)
+        if isinstance(a, dict) and isinstance(b, dict) and name in a and name in b:
+            a, b = a[name], b[name]
+        label = f"{name}: " if name else ""
+        shown.append(
+            f"{LOADER_PARTS[part][0]} ({label}uninterrupted {readable(a)}, resumed {readable(b)})"
+        )
+    fixes = "; ".join(LOADER_PARTS[p][1] for p in parts)
+    return Diagnosis(
+        f"{s.where()}: the data loader '{s.name[6:]}' was not restored as saved: "
+        + ", ".join(shown)
+        + f" differ{'s' * (len(parts) == 1)} at the resume point. Fix: {fixes}",
+        "data loader state",
+    )
+
+
 def optimizer_partial(s: Subject) -> Optional[Diagnosis]:
     key = f"{s.name}.state"
     if s.kind != "optimizer" or key not in s.keys:
@@ -277,6 +327,7 @@ STREAM_RULES: tuple[StreamRule, ...] = (
 )
 OBJECT_RULES: tuple[StreamRule, ...] = (
     from_other_rank,
+    loader_parts,
     object_never_restored,
     optimizer_partial,
     reduced_precision,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..rank.loader import SECTIONS as LOADER_SECTIONS
 from ..rank.restore import is_load, is_seed
 from .evidence import Evidence
 
@@ -65,6 +66,8 @@ class Subject:
             return "scheduler"
         if "params" in sections:
             return "module"
+        if sections and sections <= set(LOADER_SECTIONS):
+            return "loader"
         return "object"
 
     def where(self) -> str:
@@ -91,17 +94,18 @@ def names(what: str, name: str) -> bool:
 
 
 def subjects(ev: Evidence, rank: int) -> list[Subject]:
-    """What differs at the resume point on `rank`: streams first, then modules, optimizers,
-    schedulers, other objects."""
+    """What differs at the resume point on `rank`: data loaders first, then streams, modules,
+    schedulers, optimizers, other objects."""
     grouped: dict[str, list[str]] = {}
     for key in point_differences(ev, rank):
         name = key if key.startswith("rng:") else key.rsplit(".", 1)[0]
         grouped.setdefault(name, []).append(key)
     found = [Subject(ev, rank, name, keys) for name, keys in grouped.items()]
-    # a scheduler sets its optimizer's learning rate: it explains an optimizer's lr, not
-    # the other way round
-    order = {"module": 1, "scheduler": 2, "optimizer": 3, "object": 4}
-    return sorted(found, key=lambda s: (0 if s.is_stream else order[s.kind], s.name))
+    # a data loader's epoch and position decide how its sampler seeds and draws: it explains
+    # a sampler generator's state, not the other way round; a scheduler sets its optimizer's
+    # learning rate: it explains an optimizer's lr
+    order = {"loader": 0, "module": 2, "scheduler": 3, "optimizer": 4, "object": 5}
+    return sorted(found, key=lambda s: (1 if s.is_stream else order[s.kind], s.name))
 
 
 def equal_to_step(ev: Evidence, rank: int) -> Optional[int]:

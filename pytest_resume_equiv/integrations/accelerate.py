@@ -11,10 +11,10 @@
 The prepared models are watched as `model` (`model1`, ... when there are several), the
 optimizers as `optimizer`, the LR schedulers as `scheduler` (accelerate's wrappers
 unwrapped, so the fingerprints are of the objects `save_state` saves), the objects given to
-`register_for_checkpointing` as `checkpointed` (`checkpointed1`, ...), and data loaders
-prepared with `DataLoaderConfiguration(use_stateful_dataloader=True)` as `loader`, through
-their `state_dict()`. A plain prepared loader has no resumable state to compare: record the
-ids of the samples each step consumes (`sample_ids=`) so the data order is checked.
+`register_for_checkpointing` as `checkpointed` (`checkpointed1`, ...), and the prepared data
+loaders as `loader` (`rank/loader.py`: their epoch / iteration, sampler generators, and with
+`DataLoaderConfiguration(use_stateful_dataloader=True)` their position and worker state).
+Record the ids of the samples each step consumes (`sample_ids=`) so the data is accounted.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def checkpointed_objects(accelerator: Any) -> dict[str, Any]:
     models = [unwrap(m, "module") for m in accelerator._models]
     optimizers = [unwrap(o, "optimizer") for o in accelerator._optimizers]
     schedulers = [unwrap(s, "scheduler") for s in accelerator._schedulers]
-    loaders = [d for d in accelerator._dataloaders if getattr(d, "use_stateful_dataloader", False)]
+    loaders = list(accelerator._dataloaders)
     return {
         **_named("model", models),
         **_named("optimizer", optimizers),

@@ -42,6 +42,8 @@ class LaunchContext:
     """The user's `checkpoint=` template, unfilled; `template_values` fill it."""
     template_values: Mapping[str, Any] = field(default_factory=dict)
     """The placeholder values of the launch that writes the checkpoints."""
+    save_at: tuple[int, ...] = ()
+    """The steps after which this launch saves a checkpoint (`should_save`)."""
     gate: Optional[str] = None
     """A prestarted launch: the file whose existence lets the ranks run the user's code."""
     owner_pid: Optional[int] = None
@@ -55,7 +57,8 @@ class LaunchContext:
         data = json.loads(text)
         names = {f.name for f in dataclasses.fields(LaunchContext)}
         data = {k: v for k, v in data.items() if k in names}
-        data["splits"] = tuple(int(s) for s in data.get("splits", ()))
+        for name in ("splits", "save_at"):
+            data[name] = tuple(int(s) for s in data.get(name, ()))
         return LaunchContext(**data)
 
 
@@ -93,9 +96,10 @@ class RunContext(LaunchContext):
         return fill(self.checkpoint_template, values, "checkpoint=")
 
     def should_save(self, step: int) -> bool:
-        """True in a launch that writes checkpoints (the uninterrupted one, or the interrupted
-        first launch of interrupt="stop"/"kill") at each split: save after this step."""
-        return self.phase in ("uninterrupted", "interrupted") and step in self.splits
+        """True after each step at which this launch saves a checkpoint: the uninterrupted
+        launch at every split, the interrupted first launch of interrupt="stop"/"kill" at its
+        split, a resumed launch of a chain at the later splits."""
+        return step in self.save_at
 
     def record(self, step: int, **values: Any) -> None:
         from .record import record

@@ -11,7 +11,7 @@ import math
 import struct
 from typing import Any, Optional
 
-from .fingerprint import describe
+from .fingerprint import content_hash, describe
 from .layout import FLOAT_TAG, TENSOR_TAG
 
 RECORDABLE = (
@@ -80,3 +80,21 @@ def encode(value: Any, where: str) -> Any:
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which record() "
         f"cannot store exactly; record {RECORDABLE} (e.g. loss.item() or the tensor itself)"
     )
+
+
+def state_fingerprint(value: Any) -> Any:
+    """A state dict as the audit keeps it: tensors by content hash, the rest encoded (or its
+    repr when it cannot be), nesting kept so a difference is named by its path."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return content_hash(value)
+    if isinstance(value, dict):
+        return {str(k): state_fingerprint(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [state_fingerprint(v) for v in value]
+    try:
+        return encode(value, "state")
+    except TypeError:
+        return repr(value)

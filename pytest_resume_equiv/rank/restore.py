@@ -29,7 +29,8 @@ _log: list[dict[str, Any]] = []
 _count = [0]
 """Restores logged so far in this process (a draw remembers how many came before it)."""
 _depth = threading.local()
-_installed: set[str] = set()
+_installed: dict[str, tuple[Any, str, Any]] = {}
+"""What `_wrap` replaced: (owner, attribute, original), for `uninstall`."""
 _listeners: list[Callable[[dict[str, Any]], None]] = []
 """Called with each entry (the resume point starts its draw trace at a restore)."""
 
@@ -128,7 +129,7 @@ def _wrap(owner: Any, attribute: str, call: str, what: Callable[..., str]) -> No
         return result
 
     setattr(owner, attribute, logged)
-    _installed.add(key)
+    _installed[key] = (owner, attribute, original)
 
 
 def _device_index(kind: str, args: tuple, kwargs: dict) -> str:
@@ -218,6 +219,21 @@ def after_import(name: str, hook: Callable[[Any], None]) -> None:
     _finder.hooks[name] = hook
 
 
+def uninstall() -> None:
+    """Put every wrapped function back (a rank never needs it; a test process does)."""
+    for owner, attribute, original in _installed.values():
+        setattr(owner, attribute, original)
+    _installed.clear()
+    for base in _families:
+        delattr(base, "__init_subclass__")
+    _families.clear()
+    _finder.hooks.clear()
+    _log.clear()
+
+
+_families: list[type] = []
+
+
 def _wrap_family(base: type, kind: str) -> None:
     """`load_state_dict` of `base` and of every subclass that defines its own (LambdaLR does,
     without calling the base's), including subclasses defined later (a user's model)."""
@@ -228,17 +244,16 @@ def _wrap_family(base: type, kind: str) -> None:
         if "load_state_dict" in cls.__dict__:
             _wrap(cls, "load_state_dict", call, _object_name)
         pending += cls.__subclasses__()
-    previous = base.__dict__.get("__init_subclass__")
+    if "__init_subclass__" in base.__dict__:
+        return  # a hook of its own (none of torch's bases has one): leave it alone
 
     def init_subclass(cls: type, **kwargs: Any) -> None:
-        if previous is not None:
-            previous.__func__(cls, **kwargs)
-        else:
-            super(base, cls).__init_subclass__(**kwargs)
+        super(base, cls).__init_subclass__(**kwargs)
         if "load_state_dict" in cls.__dict__:
             _wrap(cls, "load_state_dict", call, _object_name)
 
     base.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+    _families.append(base)
 
 
 def install_devices() -> None:

@@ -5,7 +5,8 @@ Sections per watched object: `params` / `buffers` (hash per tensor, plus norms s
 rounding-level difference can be told apart), `modes` (modules in eval mode), and for
 optimizers `lr`, `hyper`, `state` (each moment / step count) and `params` (the tensors the
 optimizer updates: fp32 master weights when they are not the model's). Anything else is
-stored through its `state_dict()` when it has one. An accelerate `Accelerator` stands for
+stored through its `state_dict()` when it has one; a data loader by the parts a resume must
+carry (`loader.py`: epoch, position, generator, workers, dataset). An accelerate `Accelerator` stands for
 everything it checkpoints (integrations/accelerate.py), looked up at each audit.
 """
 
@@ -14,8 +15,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .encode import encode, encode_float
+from .encode import encode, encode_float, state_fingerprint
 from .fingerprint import content_hash, local_shard
+from .loader import is_loader, loader_sections
 
 _watched: dict[str, Any] = {}
 
@@ -144,20 +146,6 @@ def _scheduler(scheduler: Any) -> dict[str, Any]:
     }
 
 
-def _state_dict(value: Any) -> Any:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return content_hash(value)
-    if isinstance(value, dict):
-        return {str(k): _state_dict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_state_dict(v) for v in value]
-    try:
-        return encode(value, "state")
-    except TypeError:
-        return repr(value)
-
-
 def audit() -> dict[str, Any]:
     """`{"<object>.<section>": value}` for every watched object."""
     if not _watched:
@@ -185,9 +173,11 @@ def _audit_into(
             sections = _scheduler(obj)
         elif isinstance(obj, torch.Tensor):
             sections = {"tensor": content_hash(obj)}
+        elif is_loader(obj):
+            sections = loader_sections(obj)
         elif callable(getattr(obj, "state_dict", None)):
-            sections = {"state": _state_dict(obj.state_dict())}
+            sections = {"state": state_fingerprint(obj.state_dict())}
         else:
-            sections = {"value": _state_dict(obj)}
+            sections = {"value": state_fingerprint(obj)}
         for section, value in sections.items():
             out[f"{name}.{section}"] = value

@@ -71,6 +71,13 @@ def load_sample(index, worker_seed):
     return torch.randn(4, generator=g) + index
 
 
+def restore_optional(obj, state, key):
+    """Load `obj` from `state[key]` if the checkpoint has it: optional state, old checkpoints."""
+    if key not in state:
+        return
+    obj.load_state_dict(state[key])
+
+
 def save(path, rank, state):
     os.makedirs(path, exist_ok=True)
     torch.save(state, os.path.join(path, f"rank-{rank}.pt"))
@@ -99,6 +106,7 @@ def train(ctx):
 
     step, epoch, skip, micro, seen = 0, 0, 0, 0, rank
     worker_seed = worker_rng.randrange(2**31)
+    saved_scaler = scaler  # what the save below reads (a stale reference: chain_stale)
     if ctx.resuming:
         state = torch.load(os.path.join(ctx.checkpoint, f"rank-{rank}.pt"), weights_only=True)
         rank0 = torch.load(os.path.join(ctx.checkpoint, "rank-0.pt"), weights_only=True)
@@ -108,7 +116,9 @@ def train(ctx):
                 k: v for k, v in weights.items() if "running" not in k and "num_batches" not in k
             }
         model.load_state_dict(weights, strict=BUG != "buffers")
-        if BUG != "ema":
+        if BUG == "never_applied":
+            restore_optional(ema, state, "ema_state")  # saved as "ema": skipped, silently
+        elif BUG != "ema":
             ema.load_state_dict(state["ema"])
         if BUG != "optimizer":
             opt.load_state_dict(state["opt"])
@@ -116,6 +126,10 @@ def train(ctx):
             sched.load_state_dict(state["sched"])
         if BUG == "lr_off_by_one":
             sched.step()  # rebuilt and stepped once more after loading
+        if BUG == "chain_stale":
+            scaler = LossScaler()  # a new object; the save still reads the pre-load one
+        else:
+            saved_scaler = scaler
         if BUG != "scaler":
             scaler.load_state_dict(state["scaler"])
         rng = rank0 if BUG == "rng_collapse" else state
@@ -202,7 +216,7 @@ def train(ctx):
                     "ema": ema.state_dict(),
                     "opt": opt.state_dict(),
                     "sched": sched.state_dict(),
-                    "scaler": scaler.state_dict(),
+                    "scaler": saved_scaler.state_dict(),
                     "cpu_rng": torch.get_rng_state(),
                     "np_keys": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
                     "np_rest": list(np.random.get_state()[2:4]),
