@@ -8,6 +8,7 @@ diff between step 1 of one run and step 4 of the other would only confuse.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -31,6 +32,8 @@ class Divergence:
     expected: Any
     actual: Any
     detail: str
+    node: str = ""
+    """The resumed rank's node, when the launcher names nodes (Slurm)."""
 
 
 @dataclass
@@ -261,7 +264,8 @@ def compare_runs(
             # Shown first: a key the user recorded (a sample identity first, lowest rank),
             # else an audit key; the audit explains, the user's values are what they know.
             first = min(found, key=lambda d: (causal_order(d.key)[:2], d.rank, d.key))
-            result.divergence = first
+            node = str(resumed[first.rank].header.get("node") or "")
+            result.divergence = dataclasses.replace(first, node=node)
             break
     div = result.divergence
     if div is not None:

@@ -271,11 +271,15 @@ class Torchrun:
         timeout: float,
         root: RunRoot,
         strict_shutdown: bool = False,
+        launcher: str = "local",
+        slurm_args: tuple[str, ...] = (),
     ) -> None:
         self._device_for = device_for
         self.timeout = timeout
         self.root = root
         self.strict_shutdown = strict_shutdown
+        self.launcher = launcher
+        self.slurm_args = slurm_args
         self._count = 0
 
     def __call__(
@@ -315,6 +319,8 @@ class Torchrun:
             context,
             dict(env or {}),
             cwd,
+            self.launcher,
+            self.slurm_args,
         )
         result, problem = self._launch(spec, device)
         if problem:
@@ -330,7 +336,7 @@ class Torchrun:
     def _launch(spec: LaunchSpec, device: Device) -> tuple[Optional[LaunchResult], str]:
         lease = None
         try:
-            if device.kind != "cpu":
+            if device.kind != "cpu" and spec.launcher == "local":  # Slurm: its GRES
                 lease = LeaseWait(device, spec.nproc, spec.timeout, spec.name).wait()
             return launch(with_lease(spec, lease)), ""
         except ResumeEquivError as exc:

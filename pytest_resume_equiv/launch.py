@@ -14,14 +14,13 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .agents import BOOTSTRAP, agents_for
 from .outcomes import RankOutcome, rank_outcomes
 from .rank.context import LaunchContext
 from .rank.layout import (
@@ -30,10 +29,10 @@ from .rank.layout import (
     gate_path,
     log_path,
     read_pids,
+    request_stacks,
 )
 from .stacks import py_spy_dump
 
-BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 STACK_DUMP_WAIT = 2.0
 """Seconds a hung launch gets to dump its ranks' Python stacks before it is killed."""
 
@@ -63,6 +62,10 @@ class LaunchSpec:
     """What every rank is told (JSON in RESUME_EQUIV_CONTEXT)."""
     env: dict[str, str] = field(default_factory=dict)
     cwd: Optional[str] = None
+    launcher: str = "local"
+    """How the agents start (agents.py): "local" (this host) or "slurm" (job steps)."""
+    slurm_args: tuple[str, ...] = ()
+    """`--resume-equiv-slurm-args`: given to every `srun`."""
 
     @property
     def world_size(self) -> int:
@@ -85,6 +88,8 @@ class LaunchResult:
     killed_after_step: int = 0
     """interrupt="kill": the plugin SIGKILLed this launch once every rank had recorded this
     step (0: it was not killed on purpose)."""
+    problem: str = ""
+    """The launcher's own account of a failure (a run directory the nodes do not share)."""
 
     @property
     def ok(self) -> bool:
@@ -121,37 +126,6 @@ class LaunchResult:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun_argv(spec: LaunchSpec, rdzv: Optional[str]) -> list[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run"]
-    if rdzv is None:
-        # --standalone binds the rendezvous store to a free port itself and keeps it bound:
-        # no window in which another test or xdist worker can take the same port.
-        argv.append("--standalone")
-    else:
-        argv += [
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv}",
-            f"--rdzv-id={uuid.uuid4().hex}",
-            "--local-addr=127.0.0.1",
-        ]
-    argv += [
-        f"--nnodes={spec.nnodes}",
-        f"--nproc-per-node={spec.nproc}",
-        "--max-restarts=0",
-        "--monitor-interval=0.1",
-        "-m",
-        BOOTSTRAP,
-        *spec.target.argv(),
-    ]
-    return argv
 
 
 def launch_env(spec: LaunchSpec) -> dict[str, str]:
@@ -193,7 +167,9 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def dump_stacks(run_dir: str) -> None:
     """Take every live rank's Python stack: py-spy from outside when installed (it sees a rank
-    stuck in C code too), and faulthandler into the rank's stderr log."""
+    stuck in C code too), and faulthandler into the rank's stderr log. Ranks on other hosts
+    (a Slurm launch) see the request file and dump their own."""
+    request_stacks(run_dir)
     for rank, pid in read_pids(run_dir).items():
         if _is_our_rank(pid):
             py_spy_dump(pid, log_path(run_dir, rank, "pyspy"))
@@ -226,23 +202,26 @@ class RunningLaunch:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
-        context = dataclasses.replace(spec.context, gate=self.gate, owner_pid=os.getpid())
+        context = dataclasses.replace(
+            spec.context, gate=self.gate, owner_pid=os.getpid(), owner_host=socket.gethostname()
+        )
         self.extra = launch_env(spec)
         env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
-        rdzv = None if spec.nnodes == 1 else f"127.0.0.1:{free_port()}"
-        self.argv = _torchrun_argv(spec, rdzv)
+        self.agents = agents_for(spec)
         self.procs: list[subprocess.Popen] = []
         self._logs = []
         self.started = time.monotonic()
         self.gate_opened: Optional[float] = None if gated else self.started
         self.result: Optional[LaunchResult] = None
+        self.argvs: list[list[str]] = []
         try:
-            for node in range(spec.nnodes):
+            self.argvs = self.agents.argvs(spec)
+            for node, argv in enumerate(self.argvs):
                 log = open(agent_log_path(spec.run_dir, node), "wb")
                 self._logs.append(log)
                 self.procs.append(
                     subprocess.Popen(
-                        self.argv,
+                        argv,
                         cwd=spec.cwd,
                         env=env,
                         stdin=subprocess.DEVNULL,
@@ -294,6 +273,8 @@ class RunningLaunch:
 
     def _finish(self, timed_out: bool) -> LaunchResult:
         try:
+            if any(p.poll() is None for p in self.procs):
+                self.agents.cancel(self.spec)  # stopped early: what the scheduler still runs
             kill_all(self.procs, self.spec.run_dir)
         finally:
             for log in self._logs:
@@ -312,8 +293,9 @@ class RunningLaunch:
             timed_out=timed_out,
             duration=end - (self.gate_opened if self.gate_opened is not None else end),
             ranks=rank_outcomes(self.spec.run_dir, self.spec.world_size, agent_text, timed_out),
-            command=_rerun_line(self.spec, self.extra, self.argv),
+            command=_rerun_line(self.spec, self.extra, self.argvs[0] if self.argvs else []),
             startup=(self.gate_opened or end) - self.started,
+            problem=self.agents.problem(agent_text),
         )
         return self.result
 

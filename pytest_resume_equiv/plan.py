@@ -198,6 +198,8 @@ class _Planner:
             context=context,
             env={**dict(self.marker.env), **self.request.env},
             cwd=self.request.cwd,
+            launcher=self.settings.launcher,
+            slurm_args=self.settings.slurm_args,
         )
 
     def context(

@@ -14,6 +14,7 @@ One resume test, from the marker to the verdict:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Generator
@@ -145,9 +146,14 @@ def pytest_report_header(config: pytest.Config) -> str:
             device = f"auto -> {found.kind} x{found.count} ({source})"
         except DeviceUnavailable:
             device = f"auto -> no accelerator, resume tests skip ({source})"
+    launcher = ""
+    if settings["launcher"] != "local":
+        job = os.environ.get("SLURM_JOB_ID")
+        where = f"steps of job {job}" if job else "an allocation per launch"
+        launcher = f", launcher={settings.describe('launcher')}: {where}"
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
-        f"({settings.values['timeout'].source}), keep={settings.describe('keep')}"
+        f"({settings.values['timeout'].source}), keep={settings.describe('keep')}{launcher}"
     )
 
 
@@ -240,6 +246,8 @@ def torchrun(
         settings["timeout"],
         root,
         strict_shutdown=not settings.error and settings["strict_shutdown"],
+        launcher=settings["launcher"],
+        slurm_args=settings["slurm_args"],
     )
     root.finish(request.node.stash.get(FAILED_KEY, False))
 

@@ -66,8 +66,9 @@ def format_comparison(cmp: Comparison, label: str = "") -> str:
         ranks = f"all {cmp.world_size} ranks" if cmp.world_size > 1 else "its one rank"
         return f"{label}: equal on {ranks} over {cmp.compared_steps} steps"
     where = f"key {div.key!r}" + (f" at {div.path}" if div.path != div.key else "")
+    on = f" (node {div.node})" if div.node else ""
     lines = [
-        f"{label}: first divergence at step {div.step}, rank {div.rank}, {where}: {div.detail}",
+        f"{label}: first divergence at step {div.step}, rank {div.rank}{on}, {where}: {div.detail}",
         f"  [- uninterrupted] {readable(div.expected)}",
         f"  [+ resumed]       {readable(div.actual)}",
     ]
@@ -103,6 +104,8 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
     else:
         head = f"the {role} launch ({spec.name}) failed"
     lines = [head + f" ({count(spec.world_size, 'rank')}, {result.duration:.1f}s):"]
+    if result.problem:
+        lines.append(f"  {result.problem}")
     # The ranks that failed on their own first, then those torchrun stopped because of them.
     bad = sorted(
         (r for r in result.ranks if not r.ok),

@@ -129,7 +129,7 @@ class Launcher:
 
     def _start(self, planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
         spec = planned.spec
-        if self.device.kind == "cpu":
+        if self.device.kind == "cpu" or spec.launcher == "slurm":  # Slurm leases by GRES
             return RunningLaunch(spec, gated=gated)
         wait = self._waits.setdefault(
             spec.name, LeaseWait(self.device, spec.nproc, self.timeout, spec.name, self.lock_dir)

@@ -10,10 +10,12 @@ them and returns the settings that test runs with.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .agents import LAUNCHERS
 from .errors import SettingError
 from .marker import MarkerSpec, parse_marker, parse_timeout
 
@@ -66,6 +68,13 @@ def parse_bool(raw: Any) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("expected true/false (1/0, yes/no, on/off)")
+
+
+def parse_slurm_args(raw: Any) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(str(raw)))
+    except ValueError as exc:
+        raise ValueError(f"not a shell-quoted list of srun options ({exc})") from None
 
 
 def parse_report(raw: Any) -> Optional[str]:
@@ -124,6 +133,22 @@ OPTIONS: dict[str, Option] = {
             False,
             parse_bool,
             flag=True,
+        ),
+        Option(
+            "launcher",
+            "how launches start: local (torchrun on this host; nnodes= simulated by one agent "
+            "per node) or slurm (each launch an srun job step: in the allocation pytest runs "
+            "in, or an allocation of its own)",
+            "local",
+            _choice(LAUNCHERS),
+            choices=LAUNCHERS,
+        ),
+        Option(
+            "slurm_args",
+            "srun options for every Slurm launch, shell-quoted (partition, time, account, "
+            "GRES), e.g. '--partition=gpu --time=00:20:00 --gpus-per-node=8'",
+            (),
+            parse_slurm_args,
         ),
         Option(
             "rng_mutation",
@@ -211,6 +236,8 @@ class TestSettings:
     report: Optional[str]
     strict_shutdown: bool
     strict_latent: bool
+    launcher: str
+    slurm_args: tuple[str, ...]
     rng_mutation: bool
     sources: dict[str, str]
 

@@ -38,6 +38,7 @@ def result_from_json(data: dict) -> LaunchResult:
         tuple(target.get("pythonpath", ())),
     )
     spec["context"] = LaunchContext.from_json(json.dumps(spec.pop("context")))
+    spec["slurm_args"] = tuple(spec.get("slurm_args", ()))
     return LaunchResult(
         spec=LaunchSpec(**spec),
         returncodes=list(data["returncodes"]),
@@ -48,6 +49,7 @@ def result_from_json(data: dict) -> LaunchResult:
         startup=float(data.get("startup", 0.0)),
         reused=str(data.get("reused") or data.get("owner") or ""),
         killed_after_step=int(data.get("killed_after_step", 0)),
+        problem=str(data.get("problem", "")),
     )
 
 

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from helpers import CPU, section_of  # noqa: E402
-from test_bug_classes import CASES, CONTROLS, _test_module, copy_scripts  # noqa: E402
+from test_bug_classes import CASES, CONTROLS, _test_module, copy_scripts, zoo_cases  # noqa: E402
 
 INTRO = """# Bug catalogue
 
@@ -54,14 +54,14 @@ def main() -> None:
         work = tempfile.mkdtemp(prefix=f"bug-catalogue-{group}-")
         copy_scripts(work)
         with open(os.path.join(work, "test_bugs.py"), "w") as f:
-            f.write(_test_module(group))
+            f.write(_test_module(group, with_examples=True))
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", *CPU, "-p", "no:cacheprovider", "test_bugs.py"],
             cwd=work,
             capture_output=True,
             text=True,
         )
-        for case in (c for c in CASES if c.group == group):
+        for case in zoo_cases(group, with_examples=True):
             name = "test_" + case.name.replace("-", "_")
             reports[case.name] = clean(section_of(proc.stdout, name), work)
         print(f"group {group}: pytest exited {proc.returncode}", file=sys.stderr)

@@ -8,6 +8,7 @@ import pytest
 
 from pytest_resume_equiv.rank import context as context_module
 from pytest_resume_equiv.rank import record as record_module
+from pytest_resume_equiv.rank import watch as watch_module
 from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.rank.layout import CONTEXT_ENV
 
@@ -17,6 +18,25 @@ def pytest_configure(config):
         "markers",
         "long(seconds): runs torchrun launches for about this long on 2 cores; starts first",
     )
+
+
+SLURM_TESTS = "test_slurm.py::"
+_slurm_outcomes: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Remember how the Slurm tests ended (on the xdist controller too), for the summary."""
+    if SLURM_TESTS in report.nodeid and (report.when == "call" or report.outcome != "passed"):
+        _slurm_outcomes[report.nodeid.split("::", 1)[1]] = report.outcome
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the Slurm tests and their outcome even in a quiet run: CI's output shows that the
+    two-node tests ran against a real cluster, and did not skip."""
+    if _slurm_outcomes:
+        terminalreporter.section("slurm launcher (two-node Slurm cluster on localhost)")
+        for name, outcome in sorted(_slurm_outcomes.items()):
+            terminalreporter.line(f"{outcome.upper():8} {name}")
 
 
 def _seconds(item) -> float:
@@ -63,6 +83,9 @@ def in_rank(tmp_path, monkeypatch):
         monkeypatch.setattr(record_module, "_writer", None)
         monkeypatch.setattr(context_module, "_looked", False)
         monkeypatch.setattr(context_module, "_cached", None)
+        # what an earlier test in this process watched is not this rank's
+        monkeypatch.setattr(watch_module, "_watched", {})
+        monkeypatch.setattr(watch_module, "_seen", {})
         launch = LaunchContext(phase, run_dir, steps=steps, split=split, splits=(split,))
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))

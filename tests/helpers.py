@@ -1,6 +1,11 @@
 """Helpers for the end-to-end tests: the trainers they run, and a process-leak probe."""
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 CPU = ("-p", "resume_equiv", "--resume-equiv-device=cpu")
 """Arguments that load the plugin and run ranks on CPU with gloo."""
@@ -165,6 +170,33 @@ def hello(ctx):
 """
 
 
+def interrupt_once_started(cwd, args, env, started, ranks, sig) -> tuple[int, str]:
+    """Run pytest with `args` in `cwd`; once `ranks` lines are in the file `started` (every
+    rank began), send `sig` to pytest alone, as a terminal or a CI runner would. Returns
+    pytest's exit status and output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (started.exists() and len(started.read_text().splitlines()) == ranks):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Live processes whose environment or command line contains `text` (Linux /proc)."""
     found = []
@@ -191,3 +223,31 @@ def section_of(text: str, name: str) -> str:
         return ""
     end = text.find("\n___", start + 1)
     return text[start : end if end > 0 else None]
+
+
+def check_rng_report(path):
+    """The JSON report of test_rng carries the conclusions, not only the first divergence."""
+    report = json.loads(path.read_text())
+    (test,) = report["tests"]
+    assert (test["test"], test["outcome"], test["ranks"], test["splits"]) == (
+        "test_rng.py::test_rng",
+        "failed",
+        2,
+        [3],
+    )
+    (run,) = test["runs"]
+    assert [launch["name"] for launch in run["launches"]] == [
+        "uninterrupted",
+        "resumed-split3",
+        "uninterrupted-control",
+    ]
+    (verdict,) = run["verdicts"]
+    first = verdict["first_divergence"]
+    assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
+    # the report carries the conclusions, not only the first divergence
+    assert verdict["likely_cause"]["class"] == "never restored"
+    assert "was never restored" in verdict["likely_cause"]["cause"]
+    assert run["teeth"] == {"status": "cancelled", "why": "the resume from step 3 diverged"}
+    assert run["control"] == {"ran": True, "deterministic": True, "first_difference": ""}
+    assert run["failure"] == "split 3: step 4, rank 0, 'loss'" and run["warnings"] == []
+    assert [x["role"] for x in run["launches"]] == ["uninterrupted", "resumed", "control"]

@@ -1,10 +1,9 @@
 """End to end: a pytest session in a subprocess launches real torchrun ranks on CPU/gloo."""
 
-import json
 import os
 
 import pytest
-from helpers import CPU
+from helpers import CPU, check_rng_report
 
 from pytest_resume_equiv.devices import DeviceUnavailable, select_device
 
@@ -98,34 +97,6 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     assert len(kept) == 1
 
     check_rng_report(trainers.path / "report.json")
-
-
-def check_rng_report(path):
-    """The JSON report of test_rng carries the conclusions, not only the first divergence."""
-    report = json.loads(path.read_text())
-    (test,) = report["tests"]
-    assert (test["test"], test["outcome"], test["ranks"], test["splits"]) == (
-        "test_rng.py::test_rng",
-        "failed",
-        2,
-        [3],
-    )
-    (run,) = test["runs"]
-    assert [launch["name"] for launch in run["launches"]] == [
-        "uninterrupted",
-        "resumed-split3",
-        "uninterrupted-control",
-    ]
-    (verdict,) = run["verdicts"]
-    first = verdict["first_divergence"]
-    assert (verdict["equal"], first["step"], first["rank"], first["key"]) == (False, 4, 0, "loss")
-    # the report carries the conclusions, not only the first divergence
-    assert verdict["likely_cause"]["class"] == "never restored"
-    assert "was never restored" in verdict["likely_cause"]["cause"]
-    assert run["teeth"] == {"status": "cancelled", "why": "the resume from step 3 diverged"}
-    assert run["control"] == {"ran": True, "deterministic": True, "first_difference": ""}
-    assert run["failure"] == "split 3: step 4, rank 0, 'loss'" and run["warnings"] == []
-    assert [x["role"] for x in run["launches"]] == ["uninterrupted", "resumed", "control"]
 
 
 def test_split_list_runs_one_uninterrupted_and_two_resumed_launches(trainers):

@@ -5,12 +5,10 @@ and leaves no process behind."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from helpers import CPU, processes_mentioning
+from helpers import CPU, interrupt_once_started, processes_mentioning
 
 from pytest_resume_equiv.outcomes import stuck_where
 from pytest_resume_equiv.rank.layout import log_path
@@ -133,27 +131,10 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers,
     )
     started = tmp_path / "started.txt"
     env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": str(trainers.path)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *CPU, "-p", "no:cacheprovider", "test_long.py"],
-        cwd=trainers.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    code, output = interrupt_once_started(
+        trainers.path, [*CPU, "test_long.py"], env, started, 2, sig
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not (started.exists() and len(started.read_text().splitlines()) == 2):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the ranks never started"
-            time.sleep(0.2)
-        proc.send_signal(sig)  # to pytest only, as a terminal or a CI runner would
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 2, output  # pytest: interrupted
+    assert code == 2, output  # pytest: interrupted
     assert (
         "resume-equiv: interrupted; every launch was killed; partial run directories kept: "
         in output

@@ -13,6 +13,7 @@ import importlib
 import os
 import runpy
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,7 +23,14 @@ from typing import Any, Callable
 from . import record as _record
 from . import restore, resume_point, rng
 from .context import RunContext, context
-from .layout import CONTEXT_ENV, RankStatus, log_path, write_pid, write_status
+from .layout import (
+    CONTEXT_ENV,
+    RankStatus,
+    log_path,
+    stacks_request_path,
+    write_pid,
+    write_status,
+)
 
 
 def _die_with_parent() -> None:
@@ -63,16 +71,26 @@ def _wait_for_gate(ctx: RunContext) -> None:
         time.sleep(0.005)
 
 
-def _leave_with_owner(ctx: RunContext) -> None:
+def _watch_owner(ctx: RunContext, err: Any) -> None:
     """If the pytest process that started this launch is gone (SIGKILLed, say), nobody will
-    read this rank's results or kill it: leave, so torchrun's agent ends the others too."""
-    owner = ctx.owner_pid
-    if not owner:
+    read this rank's results or kill it: leave, so torchrun's agent ends the others too. A
+    rank on another host than pytest cannot see it (its Slurm step is cancelled instead), but
+    it dumps its stacks when the plugin asks through the run directory (a timeout)."""
+    remote = ctx.owner_host not in (None, socket.gethostname())
+    owner = None if remote else ctx.owner_pid
+    if not owner and not remote:
         return
+    request = stacks_request_path(ctx.run_dir)
 
     def watch() -> None:
+        dumped = False
         while True:
-            time.sleep(1.0)
+            time.sleep(0.5)
+            if remote and not dumped and os.path.exists(request):
+                faulthandler.dump_traceback(file=err, all_threads=True)
+                dumped = True
+            if not owner:
+                continue
             try:
                 os.kill(int(owner), 0)
             except ProcessLookupError:
@@ -160,7 +178,7 @@ def main(argv: list[str]) -> None:
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     _install_audit(ctx)
     _record.open_signature()
-    _leave_with_owner(ctx)
+    _watch_owner(ctx, err)
     _wait_for_gate(ctx)
     status = _run_user_code(argv)
     if _record.is_open():

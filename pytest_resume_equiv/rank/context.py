@@ -48,6 +48,8 @@ class LaunchContext:
     """A prestarted launch: the file whose existence lets the ranks run the user's code."""
     owner_pid: Optional[int] = None
     """The pytest process that started the launch; ranks leave when it is gone."""
+    owner_host: Optional[str] = None
+    """The host of `owner_pid`: a rank on another host (a Slurm launch) cannot watch it."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -7,17 +7,21 @@ A run directory looks like this::
     <run_dir>/
       signatures/rank-<R>.jsonl   written by each rank (see signature.py for the format)
       logs/rank-<R>.stdout|stderr|pyspy, logs/agent-<N>.log
-      pids/rank-<R>.pid           the rank's pid, so the plugin can kill ranks torchrun
-                                  put in sessions of their own
+      pids/rank-<R>.pid           the rank's pid and host, so the plugin can kill ranks
+                                  torchrun put in sessions of their own
       status/rank-<R>.json        how the user's code ended (RankStatus)
       gate-open                   created by the plugin: a prestarted launch may run now
       launch.json, KEEP           the plugin's own notes on a shared uninterrupted launch
+      dump-stacks                 created by the plugin: a timed-out launch's ranks dump stacks
+      launch-token, rendezvous.json  a Slurm launch: the proof every node sees the run
+                                  directory, and node 0's rendezvous endpoint
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -39,7 +43,12 @@ RESULT_FILE = "launch.json"
 """A shared uninterrupted launch's result, for the tests that reuse it."""
 KEEP_FILE = "KEEP"
 """Written into a shared uninterrupted launch a failed test used: keep it at session end."""
-PLUGIN_FILES = (GATE_FILE, RESULT_FILE, KEEP_FILE)
+STACKS_FILE = "dump-stacks"
+TOKEN_FILE = "launch-token"
+RENDEZVOUS_FILE = "rendezvous.json"
+SLURM_PROBLEM = "resume-equiv slurm:"
+"""How `rank/slurm_agent.py` starts a line the plugin quotes as the launch's problem."""
+PLUGIN_FILES = (GATE_FILE, RESULT_FILE, KEEP_FILE, STACKS_FILE, TOKEN_FILE, RENDEZVOUS_FILE)
 """Files the plugin itself writes at the top of a run directory."""
 
 
@@ -70,19 +79,21 @@ def gate_path(run_dir: str) -> str:
 
 
 def write_pid(run_dir: str, rank: int, pid: int) -> None:
+    """`pid host`: the plugin signals only the ranks on its own host."""
     path = pid_path(run_dir, rank)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(str(pid))
+        f.write(f"{pid} {socket.gethostname()}")
 
 
 def read_pids(run_dir: str) -> dict[int, int]:
-    """rank -> pid, from the pid files the ranks wrote so far."""
+    """rank -> pid of the ranks on this host, from the pid files the ranks wrote so far."""
     folder = os.path.dirname(pid_path(run_dir, 0))
     try:
         names = os.listdir(folder)
     except OSError:
         return {}
+    here = socket.gethostname()
     pids: dict[int, int] = {}
     for name in names:
         stem = name[len("rank-") : -len(".pid")]
@@ -90,10 +101,36 @@ def read_pids(run_dir: str) -> dict[int, int]:
             continue
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
-                pids[int(stem)] = int(f.read().strip())
+                pid, _, host = f.read().strip().partition(" ")
+            if host in ("", here):
+                pids[int(stem)] = int(pid)
         except (OSError, ValueError):
             continue
     return pids
+
+
+def stacks_request_path(run_dir: str) -> str:
+    """Created by the plugin when a launch timed out: every rank dumps its stacks once."""
+    return os.path.join(run_dir, STACKS_FILE)
+
+
+def request_stacks(run_dir: str) -> None:
+    try:
+        with open(stacks_request_path(run_dir), "w"):
+            pass
+    except OSError:
+        pass
+
+
+def launch_token_path(run_dir: str) -> str:
+    """A token the plugin writes before a Slurm launch; every node reads it back to prove it
+    sees the same run directory."""
+    return os.path.join(run_dir, TOKEN_FILE)
+
+
+def rendezvous_path(run_dir: str) -> str:
+    """Where node 0 of a Slurm launch writes the rendezvous endpoint for the others."""
+    return os.path.join(run_dir, RENDEZVOUS_FILE)
 
 
 @dataclass(frozen=True)

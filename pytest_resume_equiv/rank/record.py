@@ -27,8 +27,10 @@ class _SignatureWriter:
         self.records = 0
         self.last_step: Optional[int] = None
         self.file: Optional[IO[str]] = open(path, "w", encoding="utf-8")
+        node = os.environ.get("SLURMD_NODENAME")  # a Slurm launch: the node's name
         self._write(
             {
+                **({"node": node} if node else {}),
                 "format": SIGNATURE_FORMAT,
                 "version": SIGNATURE_VERSION,
                 "rank": ctx.rank,
