@@ -1,6 +1,8 @@
-"""How a launch's torchrun agents are started: three ways behind one small interface.
+"""How a launch's torchrun agents are started: four ways behind one small interface.
 
-- `Standalone`: one agent on this host (`torchrun --standalone`), the usual case.
+- `OneRank`: a one-rank launch runs its rank directly, with the variables torchrun gives a
+  worker; the rank holds the rendezvous store an agent would (no agent's `import torch`).
+- `Standalone`: one agent on this host (`torchrun --standalone`).
 - `LocalNodes`: `nnodes` agents on this host meeting at a c10d rendezvous on a free port, a
   simulation of several nodes (`nnodes=2` without a scheduler).
 - `SlurmSteps` (`--resume-equiv-launcher=slurm`): one `srun` job step with a task per node;
@@ -17,16 +19,25 @@ agents' output.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from .rank.layout import SLURM_PROBLEM, launch_token_path
+from .errors import ResumeEquivError
+from .rank.layout import (
+    SLURM_PROBLEM,
+    launch_token_path,
+    rendezvous_path,
+    stacks_request_path,
+)
 
 if TYPE_CHECKING:
     from .launch import LaunchSpec
@@ -34,6 +45,8 @@ if TYPE_CHECKING:
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 LAUNCHERS = ("local", "slurm")
 SLURM_AGENT = "pytest_resume_equiv.rank.slurm_agent"
+SRUN_CONSEQUENCE = re.compile(r"task \d+:|Terminating|CANCELLED|Killed|Timed out")
+"""srun's lines about tasks that ended because the launch was stopped: not its cause."""
 CANCEL_WAIT = 30.0
 """Seconds a cancelled Slurm launch gets to leave the queue (its processes are SIGKILLed)."""
 
@@ -49,6 +62,17 @@ class Agents(Protocol):
 
     def problem(self, agent_text: str) -> str:
         """The launcher's own explanation of a failed launch, from the agents' output."""
+        ...
+
+    preexec: Optional[Callable[[], None]]
+    """Run in each started process before it execs (after it left pytest's session)."""
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        """Variables the started processes get besides the launch's own."""
+        ...
+
+    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
+        """rank -> exit code, where the processes started are the ranks themselves."""
         ...
 
 
@@ -86,6 +110,40 @@ class Standalone:
     def problem(self, agent_text: str) -> str:
         return ""
 
+    preexec = None
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        return {}
+
+    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
+        return {}  # the agent's own summary says (outcomes.py reads it)
+
+
+class OneRank(Standalone):
+    """One rank on this host, without a torchrun agent: the agent's only work would be to hold
+    the rendezvous store and wait, and its `import torch` costs seconds of CPU per launch.
+    The rank gets the variables torchrun gives a worker, and the bootstrap holds the store
+    (`host_store`), bound to a port of its own choosing, as torchrun's agent would."""
+
+    def argvs(self, spec: LaunchSpec) -> list[list[str]]:
+        return [[sys.executable, "-m", BOOTSTRAP, *spec.target.argv()]]
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        one = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"}
+        size = {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"}
+        return {
+            **dict.fromkeys(one, "0"),
+            **dict.fromkeys(size, "1"),
+            "ROLE_NAME": "default",
+            "TORCHELASTIC_RUN_ID": uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+        }
+
+    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
+        code = returncodes[0] if returncodes else None
+        return {} if code is None else {0: code}
+
 
 class LocalNodes(Standalone):
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
@@ -110,12 +168,24 @@ class SlurmSteps:
         self.args = args
 
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
+        srun = shutil.which("srun")
+        if srun is None:
+            raise ResumeEquivError(
+                "--resume-equiv-launcher=slurm: srun is not on PATH; run pytest where the "
+                "Slurm client commands are (a login or compute node), or use the local launcher"
+            )
         token = uuid.uuid4().hex
         with open(launch_token_path(spec.run_dir), "w", encoding="utf-8") as f:
             f.write(token)
-        srun = [
-            shutil.which("srun") or "srun",
+        with open(stacks_request_path(spec.run_dir), "w"):
+            pass  # there from the start: a node's NFS cache never holds its absence
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(rendezvous_path(spec.run_dir))  # a rerun never reads an old endpoint
+        argv = [
+            srun,
+            # explicit: srun reads SLURM_NTASKS and friends of the step pytest runs in
             f"--nodes={spec.nnodes}",
+            f"--ntasks={spec.nnodes}",
             "--ntasks-per-node=1",
             "--kill-on-bad-exit=1",
             f"--job-name={job_name(spec)}",
@@ -124,54 +194,93 @@ class SlurmSteps:
         if os.environ.get("SLURM_JOB_ID"):
             # Steps of one allocation share it: a prestarted launch waits at its gate
             # while the launch it depends on runs.
-            srun.append("--overlap")
+            argv.append("--overlap")
         agent = [sys.executable, "-m", SLURM_AGENT, spec.run_dir, token, uuid.uuid4().hex]
-        return [[*srun, *self.args, *agent, *torchrun_tail(spec)]]
+        return [[*argv, *self.args, *agent, *torchrun_tail(spec)]]
 
     def cancel(self, spec: LaunchSpec) -> None:
-        """Cancel this launch's step (in an allocation) or job (its own allocation), and wait
-        until Slurm has cleaned it up, so nothing of it is left when the test ends."""
+        """Cancel this launch's step (in an allocation) or job (its own allocation, pending or
+        running), and wait until Slurm has cleaned it up, so nothing of it is left."""
         name = job_name(spec)
-        mine = self._queued(name)
-        for job in mine:
-            if "." not in job:  # its own job: SIGKILL every process of it at once
-                _quiet(["scancel", "--signal=KILL", "--full", job])
-            _quiet(["scancel", job])  # a step: SIGKILL; a job: also one still pending
+        if not os.environ.get("SLURM_JOB_ID"):
+            _quiet(["scancel", "--me", f"--name={name}", "--signal=KILL", "--full"])
+            _quiet(["scancel", "--me", f"--name={name}"])  # one still pending, too
         deadline = time.monotonic() + CANCEL_WAIT
-        while mine and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while time.monotonic() < deadline:
             mine = self._queued(name)
+            if mine == []:
+                return
+            for step in [s for s in mine or () if "." in s]:
+                _quiet(["scancel", "--signal=KILL", step])
+                _quiet(["scancel", step])
+            time.sleep(0.5)
 
     @staticmethod
-    def _queued(name: str) -> list[str]:
-        """Ids of this launch's steps in the allocation, or of its own job, still queued."""
+    def _queued(name: str) -> Optional[list[str]]:
+        """Ids of this launch's steps in the allocation, or of its own job, still queued;
+        None when squeue did not answer (a busy controller: ask again)."""
         job = os.environ.get("SLURM_JOB_ID")
         if job:
             argv = ["squeue", "--steps", "--noheader", f"--jobs={job}", "--format=%i %j"]
         else:
-            argv = ["squeue", "--noheader", f"--name={name}", "--format=%i %j"]
+            argv = ["squeue", "--me", "--noheader", f"--name={name}", "--format=%i %j"]
+        listing = _quiet(argv)
+        if listing is None:
+            return None
         ids = []
-        for line in _quiet(argv).splitlines():
+        for line in listing.splitlines():
             found, _, found_name = line.strip().partition(" ")
             if found_name.strip() == name:
                 ids.append(found)
         return ids
 
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        return {}
+
+    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
+        return {}
+
     def problem(self, agent_text: str) -> str:
+        """The node agent's own account, else srun's errors (a bad partition or account)."""
         lines = [line for line in agent_text.splitlines() if SLURM_PROBLEM in line]
-        return lines[0].split(SLURM_PROBLEM, 1)[1].strip() if lines else ""
+        if lines:
+            return lines[0].split(SLURM_PROBLEM, 1)[1].strip()
+        errors = [
+            line.strip()
+            for line in agent_text.splitlines()
+            if "srun: error:" in line and not SRUN_CONSEQUENCE.search(line)
+        ]
+        return "; ".join(dict.fromkeys(errors[:3]))
+
+    @staticmethod
+    def preexec() -> None:
+        """In srun's child before exec: if pytest dies (SIGKILL, a cancelled CI job), the
+        kernel sends srun SIGTERM, and srun ends its step or job on every node."""
+        if sys.platform.startswith("linux"):
+            _parent_death_signal(signal.SIGTERM)
 
 
-def _quiet(argv: list[str]) -> str:
-    """Run a Slurm client command; its output, or "" when it is missing or fails."""
+def _parent_death_signal(sig: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _quiet(argv: list[str]) -> Optional[str]:
+    """Run a Slurm client command; its output, or None when it is missing or fails."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout
+        return None
+    return done.stdout if done.returncode == 0 else None
 
 
 def agents_for(spec: LaunchSpec) -> Agents:
     if spec.launcher == "slurm":
         return SlurmSteps(spec.slurm_args)
-    return LocalNodes() if spec.nnodes > 1 else Standalone()
+    if spec.nnodes > 1:
+        return LocalNodes()
+    return OneRank() if spec.nproc == 1 else Standalone()

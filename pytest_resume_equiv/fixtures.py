@@ -180,7 +180,9 @@ class ResumeEquiv:
         """Run and judge the plan: (the outcome, "") when it passed, else (None, the failure
         text). Either way the run's record is kept for the summary and the JSON report."""
         outcome = ResumeOutcome(plan)
-        parallel, prefetch = parallelism(self.device, self.nproc, self.world_size)
+        parallel, prefetch = parallelism(
+            self.device, self.nproc, self.world_size, self.settings.launcher
+        )
         launcher = Launcher(self.device, self.settings.timeout, self.owner)
         scheduler = Scheduler(launcher, parallel, prefetch, on_progress=self.progress)
         self.launching = True

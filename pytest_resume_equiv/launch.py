@@ -165,18 +165,18 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def dump_stacks(run_dir: str) -> None:
+def dump_stacks(run_dir: str, by_file: bool = False) -> None:
     """Take every live rank's Python stack: py-spy from outside when installed (it sees a rank
-    stuck in C code too), and faulthandler into the rank's stderr log. Ranks on other hosts
-    (a Slurm launch) see the request file and dump their own."""
-    request_stacks(run_dir)
+    stuck in C code too), and faulthandler into the rank's stderr log, by SIGUSR1 or, for a
+    Slurm launch whose ranks may be on other hosts, by the request file they watch."""
+    if by_file:
+        request_stacks(run_dir)
     for rank, pid in read_pids(run_dir).items():
         if _is_our_rank(pid):
             py_spy_dump(pid, log_path(run_dir, rank, "pyspy"))
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if not by_file:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGUSR1)
 
 
 def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
@@ -203,11 +203,16 @@ class RunningLaunch:
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
         context = dataclasses.replace(
-            spec.context, gate=self.gate, owner_pid=os.getpid(), owner_host=socket.gethostname()
+            spec.context,
+            gate=self.gate,
+            owner_pid=os.getpid(),
+            owner_host=socket.gethostname(),
+            stacks_by_file=spec.launcher == "slurm",
+            host_store=spec.launcher == "local" and spec.world_size == 1,
         )
-        self.extra = launch_env(spec)
-        env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
         self.agents = agents_for(spec)
+        self.extra = {**self.agents.env(spec), **launch_env(spec)}
+        env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
         self.procs: list[subprocess.Popen] = []
         self._logs = []
         self.started = time.monotonic()
@@ -228,6 +233,7 @@ class RunningLaunch:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
+                        preexec_fn=self.agents.preexec,
                     )
                 )
         except BaseException:
@@ -253,7 +259,7 @@ class RunningLaunch:
         if all(p.poll() is not None for p in self.procs):
             return self._finish(timed_out=False)
         if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:
-            dump_stacks(self.spec.run_dir)
+            dump_stacks(self.spec.run_dir, by_file=self.spec.launcher == "slurm")
             time.sleep(STACK_DUMP_WAIT)
             return self._finish(timed_out=True)
         return None
@@ -292,7 +298,13 @@ class RunningLaunch:
             returncodes=[p.returncode for p in self.procs],
             timed_out=timed_out,
             duration=end - (self.gate_opened if self.gate_opened is not None else end),
-            ranks=rank_outcomes(self.spec.run_dir, self.spec.world_size, agent_text, timed_out),
+            ranks=rank_outcomes(
+                self.spec.run_dir,
+                self.spec.world_size,
+                agent_text,
+                timed_out,
+                self.agents.exitcodes([p.returncode for p in self.procs]),
+            ),
             command=_rerun_line(self.spec, self.extra, self.argvs[0] if self.argvs else []),
             startup=(self.gate_opened or end) - self.started,
             problem=self.agents.problem(agent_text),

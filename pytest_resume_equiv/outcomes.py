@@ -60,10 +60,15 @@ def stuck_where(run_dir: str, rank: int) -> str:
 
 
 def rank_outcomes(
-    run_dir: str, world_size: int, agent_text: str, timed_out: bool
+    run_dir: str,
+    world_size: int,
+    agent_text: str,
+    timed_out: bool,
+    exitcodes: Optional[dict[int, int]] = None,
 ) -> list[RankOutcome]:
-    """Per rank: ok, error, exit, shutdown (died after its work) or none (no status)."""
-    codes = _agent_exitcodes(agent_text)
+    """Per rank: ok, error, exit, shutdown (died after its work) or none (no status).
+    `exitcodes`: the ranks' own exit codes where they were started without an agent."""
+    codes = {**_agent_exitcodes(agent_text), **(exitcodes or {})}
     outcomes = []
     for rank in range(world_size):
         status = read_status(run_dir, rank)

@@ -22,15 +22,21 @@ from .schedule import Handle
 from .share import SharedLaunch
 
 
-def parallelism(device: Device, nproc: int, world_size: int) -> tuple[int, int]:
+def parallelism(
+    device: Device, nproc: int, world_size: int, launcher: str = "local"
+) -> tuple[int, int]:
     """(launches that run the user's code at once, launches started ahead at their gate).
 
     On CPU a launch gets a core per rank, and one more launch may start ahead and wait.
     On accelerators a launch leases `nproc` devices when it starts, so as many launches run
     as there are device sets, and none starts ahead: it would hold devices while it waits.
+    Under Slurm the steps of one allocation all see its devices (the plugin leases none), so
+    accelerator launches run one at a time.
     """
     if device.kind == "cpu":
         return max(1, (os.cpu_count() or 1) // world_size), 1
+    if launcher == "slurm":
+        return 1, 0
     return max(1, device.count // nproc), 0
 
 

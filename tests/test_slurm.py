@@ -18,9 +18,19 @@ from helpers import CPU, interrupt_once_started, processes_mentioning
 from slurm_cluster import LocalSlurmCluster, slurm_available
 
 from pytest_resume_equiv.agents import SlurmSteps, agents_for, job_name
+from pytest_resume_equiv.devices import Device
+from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch import LaunchSpec, Target
+from pytest_resume_equiv.outcomes import rank_outcomes
 from pytest_resume_equiv.rank.context import LaunchContext
-from pytest_resume_equiv.rank.layout import SLURM_PROBLEM, launch_token_path, read_pids
+from pytest_resume_equiv.rank.layout import (
+    SLURM_PROBLEM,
+    launch_token_path,
+    read_pids,
+    request_stacks,
+    stacks_requested,
+)
+from pytest_resume_equiv.resources import parallelism
 from pytest_resume_equiv.settings import OPTIONS, parse_slurm_args
 
 SLURM = (*CPU, "--resume-equiv-launcher=slurm")
@@ -83,7 +93,7 @@ def test_two_nodes_through_slurm(trainers, cluster, monkeypatch):
             "*rank 1: killed by SIGKILL*",
         ]
     )
-    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in result.stdout.str()
+    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in result.stdout.str()
     assert squeue(cluster) == ""
     assert processes_mentioning(str(trainers.path)) == []
 
@@ -145,8 +155,18 @@ def test_launches_are_steps_of_the_allocation_pytest_runs_in(trainers, cluster, 
     assert processes_mentioning(str(trainers.path)) == []
 
 
+def wait_for_empty_queue(cluster, seconds: float = 45.0) -> str:
+    deadline = time.monotonic() + seconds
+    while squeue(cluster) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return squeue(cluster)
+
+
 @pytest.mark.long(20)
-def test_sigterm_to_pytest_cancels_every_slurm_launch(trainers, cluster, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_stopping_pytest_cancels_every_slurm_launch(trainers, cluster, tmp_path, sig):
+    """SIGTERM: the plugin cancels every launch. SIGKILL: nothing of the plugin runs, but
+    each srun gets SIGTERM from the kernel (parent-death signal) and ends its job."""
     trainers.makepyfile(
         test_long="""
         from pytest_resume_equiv import resume_equivalent
@@ -161,11 +181,15 @@ def test_sigterm_to_pytest_cancels_every_slurm_launch(trainers, cluster, tmp_pat
     env = {**cluster.client_env(), "STARTED_FILE": str(started), "PYTHONPATH": str(trainers.path)}
     env.pop("SLURM_JOB_ID", None)
     code, output = interrupt_once_started(
-        trainers.path, [*SLURM, "test_long.py"], env, started, 2, signal.SIGTERM
+        trainers.path, [*SLURM, "test_long.py"], env, started, 2, sig
     )
-    assert code == 2, output  # pytest: interrupted
-    assert "resume-equiv: interrupted; every launch was killed" in output
-    assert squeue(cluster) == ""
+    if sig == signal.SIGTERM:
+        assert code == 2, output  # pytest: interrupted
+        assert "resume-equiv: interrupted; every launch was killed" in output
+        assert squeue(cluster) == ""
+    else:
+        assert code == -signal.SIGKILL
+        assert wait_for_empty_queue(cluster) == ""
     time.sleep(1.5)  # ranks notice within a second if anything was missed
     assert processes_mentioning(str(trainers.path)) == []
 
@@ -178,12 +202,27 @@ def _spec(tmp_path, nnodes=2, launcher="slurm", args=()) -> LaunchSpec:
     )
 
 
-def test_slurm_argv_outside_and_inside_an_allocation(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_srun(tmp_path, monkeypatch):
+    """An `srun` on PATH (the argv is only built, never run)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return str(bin_dir / "srun")
+
+
+def test_slurm_argv_outside_and_inside_an_allocation(tmp_path, monkeypatch, fake_srun):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     spec = _spec(tmp_path, args=("--partition=gpu", "--gpus-per-node=8"))
+    (tmp_path / "rendezvous.json").write_text('{"endpoint": "old:1", "step": "1.0"}')
     (argv,) = SlurmSteps(spec.slurm_args).argvs(spec)
-    assert argv[1:7] == [
+    # explicit task counts: srun would otherwise take those of the step pytest runs in
+    assert argv[:8] == [
+        fake_srun,
         "--nodes=2",
+        "--ntasks=2",
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
         f"--job-name={job_name(spec)}",
@@ -201,9 +240,37 @@ def test_slurm_argv_outside_and_inside_an_allocation(tmp_path, monkeypatch):
         "train.py",
         "--x=1",
     ]
+    # a rerun never reads an old endpoint; the stacks request file is there, empty
+    assert not (tmp_path / "rendezvous.json").exists()
+    assert (tmp_path / "dump-stacks").read_text() == "" and not stacks_requested(str(tmp_path))
+    request_stacks(str(tmp_path))
+    assert stacks_requested(str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     (inside,) = SlurmSteps().argvs(spec)
     assert "--overlap" in inside
+
+
+def test_slurm_without_srun_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ResumeEquivError, match="srun is not on PATH"):
+        SlurmSteps().argvs(_spec(tmp_path))
+
+
+def test_srun_errors_are_the_launch_problem():
+    text = "srun: error: Unable to allocate resources: Invalid account\n0: other output\n"
+    assert (
+        SlurmSteps().problem(text) == "srun: error: Unable to allocate resources: Invalid account"
+    )
+    assert SlurmSteps().problem("0: plain output") == ""
+    stopped = (
+        "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: Terminating StepId=4.0"
+    )
+    assert SlurmSteps().problem(stopped) == ""  # consequences of a stop, not its cause
+
+
+def test_accelerator_launches_in_one_allocation_run_one_at_a_time():
+    assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4, launcher="slurm") == (1, 0)
+    assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4) == (4, 0)
 
 
 def test_local_launcher_simulates_nodes_with_one_agent_each(tmp_path):
@@ -213,16 +280,55 @@ def test_local_launcher_simulates_nodes_with_one_agent_each(tmp_path):
     assert "--standalone" not in argvs[0] and "--local-addr=127.0.0.1" in argvs[0]
 
 
-def test_a_node_that_does_not_see_the_run_directory_says_so(tmp_path):
-    (tmp_path / "launch-token").write_text("another launch's token")
-    env = {**os.environ, "SLURM_NODEID": "1", "SLURMD_NODENAME": "n2"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest_resume_equiv.rank.slurm_agent", str(tmp_path), "t", "r"],
-        env={**env, "RESUME_EQUIV_SLURM_WAIT": "0.2"},
+def _slurm_agent(run_dir, *args, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RESUME_EQUIV_SLURM_WAIT": "0.5", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_resume_equiv.rank.slurm_agent", str(run_dir), *args],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_a_step_with_more_tasks_than_nodes_says_which_option_did_it(tmp_path):
+    done = _slurm_agent(
+        tmp_path, "t", "r", "--nnodes=2", SLURM_STEP_NUM_TASKS="4", SLURM_LOCALID="1"
+    )
+    assert done.returncode == 3
+    assert "this job step has 4 tasks (local id 1), expected one per node on 2 nodes" in done.stderr
+
+
+def test_a_node_never_reads_an_earlier_launchs_endpoint(tmp_path):
+    (tmp_path / "launch-token").write_text("t")
+    (tmp_path / "rendezvous.json").write_text('{"endpoint": "old-host:1", "step": "7.0"}')
+    done = _slurm_agent(tmp_path, "t", "r", SLURM_NODEID="1", SLURM_JOB_ID="7", SLURM_STEP_ID="1")
+    assert done.returncode == 3 and "never saw node 0's rendezvous endpoint" in done.stderr
+
+
+def test_a_one_rank_launch_runs_its_rank_with_torchruns_variables_and_no_agent(tmp_path):
+    spec = _spec(tmp_path, nnodes=1, launcher="local")
+    spec = LaunchSpec(**{**spec.__dict__, "nproc": 1})
+    agents = agents_for(spec)
+    (argv,) = agents.argvs(spec)
+    assert argv[1:] == ["-m", "pytest_resume_equiv.rank.bootstrap", "--script", "train.py", "--x=1"]
+    env = agents.env(spec)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "0",
+        "0",
+        "1",
+        "1",
+    )
+    assert env["TORCHELASTIC_RUN_ID"]  # torch.distributed.is_torchelastic_launched()
+    # the rank's own exit status stands where an agent's summary would
+    assert agents.exitcodes([-9]) == {0: -9} and agents.exitcodes([None]) == {}
+    (outcome,) = rank_outcomes(str(tmp_path), 1, "", False, agents.exitcodes([-9]))
+    assert outcome.detail == "killed by SIGKILL"
+
+
+def test_a_node_that_does_not_see_the_run_directory_says_so(tmp_path):
+    (tmp_path / "launch-token").write_text("another launch's token")
+    done = _slurm_agent(tmp_path, "t", "r", SLURM_NODEID="1", SLURMD_NODENAME="n2")
     assert done.returncode == 3
     assert done.stderr.startswith(f"{SLURM_PROBLEM} node n2 (")
     assert f"does not see the run directory {tmp_path}" in done.stderr

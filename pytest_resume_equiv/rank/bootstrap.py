@@ -27,7 +27,7 @@ from .layout import (
     CONTEXT_ENV,
     RankStatus,
     log_path,
-    stacks_request_path,
+    stacks_requested,
     write_pid,
     write_status,
 )
@@ -71,23 +71,25 @@ def _wait_for_gate(ctx: RunContext) -> None:
         time.sleep(0.005)
 
 
-def _watch_owner(ctx: RunContext, err: Any) -> None:
+def _watch_owner(ctx: RunContext) -> None:
     """If the pytest process that started this launch is gone (SIGKILLed, say), nobody will
     read this rank's results or kill it: leave, so torchrun's agent ends the others too. A
-    rank on another host than pytest cannot see it (its Slurm step is cancelled instead), but
-    it dumps its stacks when the plugin asks through the run directory (a timeout)."""
+    rank on another host than pytest cannot see it (pytest's death ends srun, which ends the
+    step); a rank of a Slurm launch dumps its stacks when the plugin asks through the run
+    directory (a timeout)."""
     remote = ctx.owner_host not in (None, socket.gethostname())
     owner = None if remote else ctx.owner_pid
-    if not owner and not remote:
+    if not owner and not ctx.stacks_by_file:
         return
-    request = stacks_request_path(ctx.run_dir)
 
     def watch() -> None:
         dumped = False
         while True:
             time.sleep(0.5)
-            if remote and not dumped and os.path.exists(request):
-                faulthandler.dump_traceback(file=err, all_threads=True)
+            if ctx.stacks_by_file and not dumped and stacks_requested(ctx.run_dir):
+                # SIGUSR1 to the main thread: faulthandler's handler dumps from there, so the
+                # main thread's stack comes first, as when the plugin signals a local rank
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
                 dumped = True
             if not owner:
                 continue
@@ -99,6 +101,35 @@ def _watch_owner(ctx: RunContext, err: Any) -> None:
                 pass
 
     threading.Thread(target=watch, name="resume-equiv-owner", daemon=True).start()
+
+
+_store: Any = None
+"""The rendezvous store a one-rank launch holds for its whole life."""
+
+
+def _host_store(ctx: RunContext) -> None:
+    """What torchrun's agent does for its workers: hold a TCPStore on a port the kernel
+    picked and still held (no other launch can take it), and tell `init_process_group`
+    (env://) to join it as a client."""
+    global _store
+    if not ctx.host_store:
+        return
+    try:
+        import datetime
+
+        import torch.distributed as dist
+    except ImportError:  # a trainer without torch needs no store
+        return
+    if not dist.is_available():
+        return
+    _store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=30), wait_for_workers=False
+    )
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_store.port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
 
 
 def _resolve_callable(spec: str) -> Callable[..., Any]:
@@ -178,8 +209,9 @@ def main(argv: list[str]) -> None:
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     _install_audit(ctx)
     _record.open_signature()
-    _watch_owner(ctx, err)
+    _watch_owner(ctx)
     _wait_for_gate(ctx)
+    _host_store(ctx)
     status = _run_user_code(argv)
     if _record.is_open():
         resume_point.at_exit(ctx, _record.writer())

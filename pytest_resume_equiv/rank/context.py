@@ -50,6 +50,12 @@ class LaunchContext:
     """The pytest process that started the launch; ranks leave when it is gone."""
     owner_host: Optional[str] = None
     """The host of `owner_pid`: a rank on another host (a Slurm launch) cannot watch it."""
+    host_store: bool = False
+    """A one-rank launch without a torchrun agent: the bootstrap holds the rendezvous store
+    (MASTER_ADDR/MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE) as torchrun's agent would."""
+    stacks_by_file: bool = False
+    """A Slurm launch: ranks dump their stacks when the run directory's request file says so
+    (a rank on another host cannot be signalled)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -44,6 +44,7 @@ RESULT_FILE = "launch.json"
 KEEP_FILE = "KEEP"
 """Written into a shared uninterrupted launch a failed test used: keep it at session end."""
 STACKS_FILE = "dump-stacks"
+STACKS_REQUEST = "dump"
 TOKEN_FILE = "launch-token"
 RENDEZVOUS_FILE = "rendezvous.json"
 SLURM_PROBLEM = "resume-equiv slurm:"
@@ -115,11 +116,21 @@ def stacks_request_path(run_dir: str) -> str:
 
 
 def request_stacks(run_dir: str) -> None:
+    """Written into (not created): a Slurm launch creates the file empty at its start, and a
+    node's NFS cache then sees the new content on its next open."""
     try:
-        with open(stacks_request_path(run_dir), "w"):
-            pass
+        with open(stacks_request_path(run_dir), "w", encoding="utf-8") as f:
+            f.write(STACKS_REQUEST)
     except OSError:
         pass
+
+
+def stacks_requested(run_dir: str) -> bool:
+    try:
+        with open(stacks_request_path(run_dir), encoding="utf-8") as f:
+            return f.read().strip() == STACKS_REQUEST
+    except OSError:
+        return False
 
 
 def launch_token_path(run_dir: str) -> str:

@@ -51,7 +51,13 @@ def _check_shared(run_dir: str, token: str, node: str) -> None:
         )
 
 
+def _step() -> str:
+    return f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_STEP_ID', '')}"
+
+
 def _endpoint(run_dir: str, node_id: int, node: str) -> str:
+    """Node 0 writes its endpoint, the others read it; tagged with this job step, so a node
+    never reads the endpoint of an earlier launch in the same directory."""
     path = rendezvous_path(run_dir)
     if node_id == 0:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -59,19 +65,37 @@ def _endpoint(run_dir: str, node_id: int, node: str) -> str:
             port = s.getsockname()[1]
         endpoint = f"{socket.gethostname()}:{port}"
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"endpoint": endpoint}, f)
+            json.dump({"endpoint": endpoint, "step": _step()}, f)
         os.replace(path + ".tmp", path)
         return endpoint
-    text = _read_when_there(path)
-    if not text:
-        _fail(f"node {node} never saw node 0's rendezvous endpoint in {path}")
-    return str(json.loads(text)["endpoint"])
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        found = json.loads(_read_when_there(path) or "{}")
+        if found.get("step") == _step():
+            return str(found["endpoint"])
+        time.sleep(0.2)
+    _fail(f"node {node} never saw node 0's rendezvous endpoint in {path}")
+    return ""
+
+
+def _check_one_task_per_node(torchrun_args: list[str]) -> None:
+    """srun reads SLURM_NTASKS and friends from the step pytest runs in; the plugin passes
+    them explicitly, and a task count that still differs would start agents that wait."""
+    nnodes = next((a.split("=", 1)[1] for a in torchrun_args if a.startswith("--nnodes=")), "")
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS", "")
+    if nnodes and tasks and (tasks != nnodes or os.environ.get("SLURM_LOCALID", "0") != "0"):
+        _fail(
+            f"this job step has {tasks} tasks (local id {os.environ.get('SLURM_LOCALID')}), "
+            f"expected one per node on {nnodes} nodes: an srun option in "
+            "--resume-equiv-slurm-args (--ntasks, --ntasks-per-node) overrides the plugin's"
+        )
 
 
 def main(argv: list[str]) -> None:
     run_dir, token, rdzv_id, torchrun_args = argv[0], argv[1], argv[2], argv[3:]
     node_id = int(os.environ.get("SLURM_NODEID", "0"))
     node = os.environ.get("SLURMD_NODENAME", str(node_id))
+    _check_one_task_per_node(torchrun_args)
     _check_shared(run_dir, token, node)
     endpoint = _endpoint(run_dir, node_id, node)
     os.execv(
