@@ -93,7 +93,9 @@ def test_two_nodes_through_slurm(trainers, cluster, monkeypatch):
             "*rank 1: killed by SIGKILL*",
         ]
     )
-    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in result.stdout.str()
+    assert (
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in result.stdout.str()
+    )
     assert squeue(cluster) == ""
     assert processes_mentioning(str(trainers.path)) == []
 
