@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import ResumeEquivError
 from .rank.layout import (
@@ -51,29 +51,35 @@ CANCEL_WAIT = 30.0
 """Seconds a cancelled Slurm launch gets to leave the queue (its processes are SIGKILLed)."""
 
 
-class Agents(Protocol):
+class Agents:
+    """The interface, with what a launcher that needs nothing more does."""
+
+    host_store = False
+    """The started process is the rank itself: the bootstrap holds the rendezvous store."""
+    stacks_by_file = False
+    """Ranks may be on other hosts: they dump their stacks when the run directory asks."""
+    preexec: Optional[Callable[[], None]] = None
+    """Run in each started process before it execs (after it left pytest's session)."""
+
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         """One command line per process to start (each its own process group)."""
-        ...
-
-    def cancel(self, spec: LaunchSpec) -> None:
-        """Stop what killing the started processes does not (a scheduler's job step)."""
-        ...
-
-    def problem(self, agent_text: str) -> str:
-        """The launcher's own explanation of a failed launch, from the agents' output."""
-        ...
-
-    preexec: Optional[Callable[[], None]]
-    """Run in each started process before it execs (after it left pytest's session)."""
+        raise NotImplementedError
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
         """Variables the started processes get besides the launch's own."""
-        ...
+        return {}
+
+    def cancel(self, spec: LaunchSpec) -> None:
+        """Stop what killing the started processes does not (a scheduler's job step)."""
+
+    def problem(self, agent_text: str) -> str:
+        """The launcher's own explanation of a failed launch, from the agents' output."""
+        return ""
 
     def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
-        """rank -> exit code, where the processes started are the ranks themselves."""
-        ...
+        """rank -> exit code where the processes started are the ranks themselves; else the
+        agents' own summary says (outcomes.py reads it)."""
+        return {}
 
 
 def free_port() -> int:
@@ -98,32 +104,20 @@ def torchrun_tail(spec: LaunchSpec) -> list[str]:
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-class Standalone:
+class Standalone(Agents):
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         # --standalone binds the rendezvous store to a free port itself and keeps it bound:
         # no window in which another test or xdist worker can take the same port.
         return [[*TORCHRUN, "--standalone", *torchrun_tail(spec)]]
 
-    def cancel(self, spec: LaunchSpec) -> None:
-        pass
 
-    def problem(self, agent_text: str) -> str:
-        return ""
-
-    preexec = None
-
-    def env(self, spec: LaunchSpec) -> dict[str, str]:
-        return {}
-
-    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
-        return {}  # the agent's own summary says (outcomes.py reads it)
-
-
-class OneRank(Standalone):
+class OneRank(Agents):
     """One rank on this host, without a torchrun agent: the agent's only work would be to hold
     the rendezvous store and wait, and its `import torch` costs seconds of CPU per launch.
     The rank gets the variables torchrun gives a worker, and the bootstrap holds the store
     (`host_store`), bound to a port of its own choosing, as torchrun's agent would."""
+
+    host_store = True
 
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         return [[sys.executable, "-m", BOOTSTRAP, *spec.target.argv()]]
@@ -145,7 +139,7 @@ class OneRank(Standalone):
         return {} if code is None else {0: code}
 
 
-class LocalNodes(Standalone):
+class LocalNodes(Agents):
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         argv = [
             *TORCHRUN,
@@ -163,7 +157,9 @@ def job_name(spec: LaunchSpec) -> str:
     return "resume-equiv-" + uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex[:16]
 
 
-class SlurmSteps:
+class SlurmSteps(Agents):
+    stacks_by_file = True
+
     def __init__(self, args: tuple[str, ...] = ()) -> None:
         self.args = args
 
@@ -233,12 +229,6 @@ class SlurmSteps:
             if found_name.strip() == name:
                 ids.append(found)
         return ids
-
-    def env(self, spec: LaunchSpec) -> dict[str, str]:
-        return {}
-
-    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
-        return {}
 
     def problem(self, agent_text: str) -> str:
         """The node agent's own account, else srun's errors (a bad partition or account)."""

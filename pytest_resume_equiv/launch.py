@@ -202,15 +202,15 @@ class RunningLaunch:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
+        self.agents = agents_for(spec)
         context = dataclasses.replace(
             spec.context,
             gate=self.gate,
             owner_pid=os.getpid(),
             owner_host=socket.gethostname(),
-            stacks_by_file=spec.launcher == "slurm",
-            host_store=spec.launcher == "local" and spec.world_size == 1,
+            stacks_by_file=self.agents.stacks_by_file,
+            host_store=self.agents.host_store,
         )
-        self.agents = agents_for(spec)
         self.extra = {**self.agents.env(spec), **launch_env(spec)}
         env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
         self.procs: list[subprocess.Popen] = []
@@ -259,7 +259,7 @@ class RunningLaunch:
         if all(p.poll() is not None for p in self.procs):
             return self._finish(timed_out=False)
         if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:
-            dump_stacks(self.spec.run_dir, by_file=self.spec.launcher == "slurm")
+            dump_stacks(self.spec.run_dir, by_file=self.agents.stacks_by_file)
             time.sleep(STACK_DUMP_WAIT)
             return self._finish(timed_out=True)
         return None
