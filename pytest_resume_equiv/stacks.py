@@ -75,7 +75,9 @@ def summary(frames: list[Frame]) -> str:
     """`innermost frame` and, when different, `<- the user's innermost frame`."""
     if not frames:
         return ""
-    user = next((f for f in frames if not any(mark in f.file for mark in _NOT_USER)), None)
+    # py-spy shortens paths to be relative to sys.path ("torch/distributed/..."): a leading
+    # separator lets one set of marks match both its paths and faulthandler's absolute ones
+    user = next((f for f in frames if not any(mark in os.sep + f.file for mark in _NOT_USER)), None)
     text = f"stuck in {frames[0]}"
     if user is not None and user != frames[0]:
         text += f", called from {user}"

@@ -78,6 +78,23 @@ def test_py_spy_is_used_when_installed(tmp_path, monkeypatch):
     )
 
 
+def test_py_spy_short_paths_still_lead_to_the_users_frame():
+    """py-spy writes paths relative to sys.path, as it printed them for a rank stuck in a
+    collective; the summary must still skip torch's frames to the user's."""
+    text = (
+        'Thread 4128 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n"
+        "    _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)\n"
+        "    hangs_in_collective (trainers.py:142)\n"
+        "    _run_target (pytest_resume_equiv/rank/bootstrap.py:148)\n"
+        "    _run_code (<frozen runpy>:88)\n"
+    )
+    assert summary(py_spy_frames(text)) == (
+        "stuck in distributed/distributed_c10d.py:3252 in all_reduce, "
+        "called from trainers.py:142 in hangs_in_collective"
+    )
+
+
 @pytest.mark.long(30)
 def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failure(trainers):
     trainers.makepyfile(
