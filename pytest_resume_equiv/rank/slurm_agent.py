@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 from .layout import SLURM_PROBLEM, launch_token_path, rendezvous_path
 
@@ -27,13 +28,15 @@ def _fail(message: str) -> None:
     raise SystemExit(3)
 
 
-def _read_when_there(path: str) -> str:
+def _read_when(path: str, accept: Callable[[str], bool]) -> str:
+    """The file's text once `accept` takes it, or "" after WAIT_SECONDS (a missing file, or
+    one an NFS attribute cache still shows as it was)."""
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-            if text:
+            if text and accept(text):
                 return text
         except OSError:
             pass
@@ -43,7 +46,7 @@ def _read_when_there(path: str) -> str:
 
 
 def _check_shared(run_dir: str, token: str, node: str) -> None:
-    if _read_when_there(launch_token_path(run_dir)).strip() != token:
+    if not _read_when(launch_token_path(run_dir), lambda text: text.strip() == token):
         _fail(
             f"node {node} ({socket.gethostname()}) does not see the run directory {run_dir}: "
             "every node must see it at the same path (a shared filesystem). Put pytest's "
@@ -68,14 +71,10 @@ def _endpoint(run_dir: str, node_id: int, node: str) -> str:
             json.dump({"endpoint": endpoint, "step": _step()}, f)
         os.replace(path + ".tmp", path)
         return endpoint
-    deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
-        found = json.loads(_read_when_there(path) or "{}")
-        if found.get("step") == _step():
-            return str(found["endpoint"])
-        time.sleep(0.2)
-    _fail(f"node {node} never saw node 0's rendezvous endpoint in {path}")
-    return ""
+    text = _read_when(path, lambda text: json.loads(text).get("step") == _step())
+    if not text:
+        _fail(f"node {node} never saw node 0's rendezvous endpoint in {path}")
+    return str(json.loads(text)["endpoint"])
 
 
 def _check_one_task_per_node(torchrun_args: list[str]) -> None:
