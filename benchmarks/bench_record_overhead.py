@@ -25,10 +25,7 @@ import torch
 from common import machine, median_of, table
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank import context as context_module
-from pytest_resume_equiv.rank import record as record_module
-from pytest_resume_equiv.rank import watch as watch_module
-from pytest_resume_equiv.rank.context import LaunchContext
+from pytest_resume_equiv.rank.context import LaunchContext, current, reset
 from pytest_resume_equiv.rank.layout import CONTEXT_ENV
 
 
@@ -75,11 +72,7 @@ def step_times(
 
 def install_audit() -> None:
     """What the bootstrap installs before the user's code (rank/bootstrap.py)."""
-    from pytest_resume_equiv.rank import restore, resume_point
-
-    restore.install_torch()
-    restore.install_host()
-    resume_point.install(req.context())
+    current().install()
 
 
 def window_factor(steps: int, tokens: tuple[int, int]) -> float:
@@ -90,7 +83,7 @@ def window_factor(steps: int, tokens: tuple[int, int]) -> float:
     times: dict[bool, list[float]] = {False: [], True: []}
     for step in range(2 * steps + 2):
         traced = step % 2 == 1
-        window = DrawTrace()
+        window = DrawTrace(lambda: 0, lambda generator: "g")
         if traced:
             window.start()
         start = time.perf_counter()
@@ -107,16 +100,15 @@ def window_factor(steps: int, tokens: tuple[int, int]) -> float:
 
 
 def api(on: bool, run_dir: str) -> None:
-    """Switch the in-rank API on (a run context, as the bootstrap gives a rank) or off."""
-    record_module.close()
-    record_module._writer = None
-    watch_module._watched.clear()
-    context_module._looked, context_module._cached = False, None
+    """Switch the in-rank API on (a run context, as the bootstrap gives a rank) or off: a
+    fresh rank state either way."""
+    current().close()
     if on:
         launch = LaunchContext("uninterrupted", run_dir, steps=100, split=1, splits=(1,))
         os.environ[CONTEXT_ENV] = launch.to_json()
     else:
         os.environ.pop(CONTEXT_ENV, None)
+    reset()
 
 
 def main() -> None:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .rank.context import RunContext, context
-from .rank.record import record
-from .rank.rng import track as _track
-from .rank.watch import watch
+from .rank.api import RunContext, context, record, resume_point, track, watch
 
 __version__ = "0.2.0"
 __all__ = [
@@ -35,27 +32,6 @@ __all__ = [
     "watch",
     "__version__",
 ]
-
-
-def track(generator: Any, name: str, ignore: bool = False) -> None:
-    """Audit `generator` under `name` at every `record` (a no-op outside a test run).
-    `ignore=True` leaves it out of the comparison (an evaluation-only generator, say); the
-    report lists it as ignored."""
-    if context() is not None:
-        _track(generator, name, ignore=ignore)
-
-
-def resume_point() -> None:
-    """Mark the start of a training step: the first one after a load is the resume point,
-    where the diagnosis compares what was restored with the uninterrupted run at the same
-    point. Optional (by default the first forward of any module is that point); call it at
-    the start of every step, in every run. A no-op outside a test run."""
-    ctx = context()
-    if ctx is not None:
-        from .rank import record as _record
-        from .rank import resume_point as _point
-
-        _point.mark(ctx, _record.writer())
 
 
 def __getattr__(name: str) -> Any:

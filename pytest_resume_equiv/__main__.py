@@ -1,7 +1,13 @@
-"""Offline: compare or show kept run directories, with the same report text as a test.
+"""Offline: compare or show kept run directories, with the same verdict and text as a test.
 
     python -m pytest_resume_equiv compare UNINTERRUPTED_RUN RESUMED_RUN [--split N] [--steps N]
+        [--tolerance RULE ...] [--ignore PATTERN ...]
     python -m pytest_resume_equiv show RUN [--all] [--steps A-B]
+
+`compare` judges as the test did: a resumed run directory a test kept holds the judgement
+that shaped its verdict (split, steps, tolerance, ignore, strict-latent, and for a resume on
+another topology the uninterrupted run on that topology); `--split`, `--steps`, `--tolerance`
+and `--ignore` override it.
 
 Exit status: 0 equal (compare) or shown (show), 1 diverged, 2 bad input (not a run directory,
 unreadable or unknown signature files, bad arguments).
@@ -10,13 +16,18 @@ unreadable or unknown signature files, bad arguments).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Optional
 
-from .compare import compare_runs
-from .diagnose import diagnose
-from .report import format_comparison, format_diagnosis
+from .checks.resume import ResumeLike, judge_resume
+from .checks.topology import judge_topology
+from .comparators import Rules, comparator_for
+from .judgement import Judgement, JudgementError, read_judgement
+from .rank.layout import is_audit_key
+from .relax import ToleranceRule
 from .signature import Signature, SignatureError, read_run
 from .values import readable
 
@@ -39,7 +50,23 @@ def _parser() -> argparse.ArgumentParser:
         "--split", type=int, help="the step the resumed run started after (default: its header)"
     )
     compare.add_argument(
-        "--steps", type=int, help="the last step (default: the uninterrupted run's last step)"
+        "--steps",
+        type=int,
+        help="the last step (default: the test's, else the uninterrupted run's last)",
+    )
+    compare.add_argument(
+        "--tolerance",
+        action="append",
+        metavar="[PATTERN=]RTOL,ATOL",
+        help="compare keys matching PATTERN (default every key) within rtol/atol, e.g. "
+        "loss=1e-6,0; repeat for several; replaces the test's tolerance",
+    )
+    compare.add_argument(
+        "--ignore",
+        action="append",
+        metavar="PATTERN",
+        help="leave audited keys or fields matching PATTERN out (repeat for several); "
+        "replaces the test's ignore=",
     )
     show = sub.add_parser("show", help="print what every rank of a run recorded")
     show.add_argument("run", help="a run directory (it holds signatures/rank-*.jsonl)")
@@ -59,23 +86,51 @@ def _split_of(resumed: dict[int, Signature]) -> Optional[int]:
     return None
 
 
+def _tolerance(rules: Optional[list[str]]) -> Optional[list[ToleranceRule]]:
+    """`--tolerance` rules as the marker's tolerance= holds them (None: not given)."""
+    if rules is None:
+        return None
+    parsed = []
+    for text in rules:
+        pattern, _, pair = text.rpartition("=")
+        try:
+            rtol, atol = (float(x) for x in pair.split(","))
+        except ValueError:
+            raise SignatureError(
+                f"--tolerance {text!r}: expected [PATTERN=]RTOL,ATOL, e.g. loss=1e-6,0"
+            ) from None
+        parsed.append((pattern or "*", rtol, atol))
+    return parsed
+
+
+def _last_step(run: dict[int, Signature]) -> int:
+    return max((step for sig in run.values() for step, _ in sig.steps), default=0)
+
+
 def compare(args: argparse.Namespace) -> int:
     base = read_run(args.uninterrupted)
     res = read_run(args.resumed)
-    split = args.split if args.split is not None else _split_of(res)
+    try:
+        kept: Optional[Judgement] = read_judgement(args.resumed)
+    except JudgementError as exc:
+        raise SignatureError(str(exc)) from None
+    split = args.split if args.split is not None else kept.split if kept else _split_of(res)
     if split is None:
         print(f"error: cannot tell the split of {args.resumed}; pass --split", file=sys.stderr)
         return BAD_INPUT
-    steps = args.steps
-    if steps is None:
-        steps = max((step for sig in base.values() for step, _ in sig.steps), default=0)
-    comparison = compare_runs(base, res, split, steps)
-    print(format_comparison(comparison))
-    diagnosis = diagnose(comparison, base, res)
-    if diagnosis is not None:
-        for line in format_diagnosis(diagnosis):
-            print(line)
-    return EQUAL if comparison.equal else DIVERGED
+    steps = args.steps or (kept.rules.steps if kept else _last_step(base))
+    rules = kept.rules if kept else Rules(steps)
+    rules = replace(rules, steps=steps).overridden(_tolerance(args.tolerance), args.ignore)
+    label = kept.label if kept and args.split in (None, kept.split) else f"split {split}"
+    envelope = (kept.runs.get("envelope") if kept else None) or ""
+    if kept is not None and kept.check == "topology" and os.path.isdir(envelope):
+        verdict = judge_topology(base, res, read_run(envelope), split, rules, label)
+    else:
+        check = kept.check if kept else "resume"
+        verdict = judge_resume(base, res, split, comparator_for(rules), check, label)
+    for line in ResumeLike.block(verdict, None, ""):
+        print(line)
+    return EQUAL if verdict.equal else DIVERGED
 
 
 def _step_range(text: Optional[str]) -> tuple[int, int]:
@@ -101,7 +156,7 @@ def show(args: argparse.Namespace) -> int:
         for step, values in sig.steps:
             if not low <= step <= high:
                 continue
-            keys = [k for k in values if args.all or ":" not in k]
+            keys = [k for k in values if args.all or not is_audit_key(k)]
             shown = ", ".join(f"{k}={readable(values[k])}" for k in keys)
             print(f"  step {step}: {shown}")
     return EQUAL

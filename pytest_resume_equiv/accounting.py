@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .rank.layout import TENSOR_TAG
+from .rank.layout import TENSOR_TAG, watched_part
 from .signature import Signature
 from .step_problems import step_ranges
 
@@ -152,7 +152,7 @@ def _epochs(base: dict[int, Signature], res_steps: list[int], base_steps: list[i
 
     def epoch(step: int) -> Optional[int]:
         for key, value in sorted(steps.get(step, {}).items()):
-            if key.startswith("watch:") and key.endswith(".epoch") and isinstance(value, dict):
+            if watched_part(key) == "epoch" and isinstance(value, dict):
                 found = [v for k, v in sorted(value.items()) if k.endswith("epoch")]
                 if found and isinstance(found[0], int):
                     return found[0]

@@ -11,14 +11,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
+from . import facts
 from .accounting import is_identity_key
+from .facts import Fact
+from .noise import size_words
 from .rank.encode import decode_float
-from .rank.layout import FLOAT_TAG, TENSOR_TAG
+from .rank.layout import FLOAT_TAG, RNG, TENSOR_TAG, is_audit_key, section_of
 from .relax import ToleranceRule, close, ignored, latent, tolerance_for, without_ignored
 from .signature import Signature
 from .step_problems import StepProblem, step_problems
+from .tolerance import Tolerance
+from .values import readable
 
 
 @dataclass(frozen=True)
@@ -54,15 +59,44 @@ class Comparison:
     and warned about (unless strict)."""
     ignored: list[str] = field(default_factory=list)
     """Audited keys and fields left out because an `ignore=` pattern names them."""
+    facts: list[Fact] = field(default_factory=list)
+    """What the comparator established besides the first divergence (a topology's
+    envelopes and data accounting)."""
+    how: str = ""
+    """How the comparator compared, in words, when not bit for bit."""
 
     @property
     def equal(self) -> bool:
         return not self.problems and self.divergence is None
 
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["problems"] = [dataclasses.asdict(p) for p in self.problems]
+        data["divergence"] = dataclasses.asdict(self.divergence) if self.divergence else None
+        data["facts"] = [facts.to_json(item) for item in self.facts]
+        return data
 
-def is_audit_key(key: str) -> bool:
-    """Keys the in-rank audit added (`rng:...`, `watch:...`), not the user's own."""
-    return ":" in key
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Comparison:
+        """A comparison as `to_json` wrote it (a pytest-xdist worker's, the JSON report's)."""
+        div = data.get("divergence")
+        return cls(
+            split=int(data["split"]),
+            steps=int(data["steps"]),
+            world_size=int(data["world_size"]),
+            problems=[
+                StepProblem(p["kind"], int(p["rank"]), tuple(p["steps"]), p["message"])
+                for p in data.get("problems", [])
+            ],
+            divergence=Divergence(**div) if div else None,
+            divergent_keys={int(k): list(v) for k, v in data.get("divergent_keys", {}).items()},
+            compared_steps=int(data.get("compared_steps", 0)),
+            context=[tuple(item) for item in data.get("context", [])],  # type: ignore[misc]
+            latent=list(data.get("latent", [])),
+            ignored=list(data.get("ignored", [])),
+            facts=[facts.from_json(item) for item in data.get("facts", [])],
+            how=str(data.get("how", "")),
+        )
 
 
 def causal_order(key: str) -> tuple[bool, bool, str]:
@@ -78,7 +112,9 @@ def _numbers(values: Any) -> list[float]:
 def value_difference(
     a: Any, b: Any, path: str, tol: Optional[tuple[float, float]]
 ) -> Optional[tuple[str, Any, Any, str]]:
-    """First difference between two encoded values: (path, a part, b part, why), or None."""
+    """First difference between two encoded values: (path, a part, b part, why), or None.
+    Under a tolerance `tol` floats and float tensors may move; a watched tensor's
+    fingerprint (`{"hash": ..., "norm": ...}`) is then compared by its statistics."""
     if isinstance(a, dict) and isinstance(b, dict):
         if FLOAT_TAG in a and FLOAT_TAG in b:
             if a[FLOAT_TAG] == b[FLOAT_TAG] or close(decode_float(a), decode_float(b), tol):
@@ -88,6 +124,11 @@ def value_difference(
             return _tensor_difference(a[TENSOR_TAG], b[TENSOR_TAG], path, tol)
         if (FLOAT_TAG in a) != (FLOAT_TAG in b) or (TENSOR_TAG in a) != (TENSOR_TAG in b):
             return path, a, b, "type differs"
+        if "hash" in a and "hash" in b and len(a) > 1:
+            if tol is not None:
+                return _fingerprint_difference(a, b, path, tol)
+            if a["hash"] != b["hash"]:  # the whole fingerprint: its statistics say how much
+                return path, a, b, "contents differ"
         for key in sorted(set(a) | set(b)):
             sub = f"{path}[{key!r}]"
             if key not in a or key not in b:
@@ -109,6 +150,25 @@ def value_difference(
     return None
 
 
+EXACT_DTYPES = ("int", "uint", "bool")
+"""Tensors of these dtypes hold counts and identities: exact under every tolerance."""
+
+
+def _fingerprint_difference(a: dict, b: dict, path: str, tol: tuple[float, float]):
+    """A watched tensor's fingerprint under a tolerance: equal hashes, or every statistic
+    (norm, mean, absmax...) within it; one without statistics stays exact."""
+    if a["hash"] == b["hash"]:
+        return None
+    stats = sorted((set(a) & set(b)) - {"hash"})
+    if not stats:
+        return path, a, b, "contents differ (no statistics to compare within the tolerance)"
+    for name in stats:
+        found = value_difference(a[name], b[name], f"{path}[{name!r}]", tol)
+        if found:
+            return path, a, b, f"contents differ ({name} beyond the tolerance)"
+    return None
+
+
 def _tensor_difference(a: dict, b: dict, path: str, tol: Optional[tuple[float, float]]):
     tagged_a, tagged_b = {TENSOR_TAG: a}, {TENSOR_TAG: b}
     if a.get("dtype") != b.get("dtype"):
@@ -117,7 +177,7 @@ def _tensor_difference(a: dict, b: dict, path: str, tol: Optional[tuple[float, f
         return path, tagged_a, tagged_b, "shape differs"
     if a.get("hash") == b.get("hash"):
         return None
-    if tol is not None:
+    if tol is not None and not str(a.get("dtype", "")).startswith(EXACT_DTYPES):
         # With a tolerance, small tensors compare element-wise; larger ones by their
         # statistics (the exact contents are not kept, only their fingerprint).
         if "values" in a and "values" in b:
@@ -131,11 +191,39 @@ def _tensor_difference(a: dict, b: dict, path: str, tol: Optional[tuple[float, f
     return path, tagged_a, tagged_b, "contents differ"
 
 
+Allowance = Callable[[int, str, int], Optional[tuple[float, float]]]
+"""(rank, key, step) -> (rtol, atol) that key may move by there, or None: exact."""
+
+
+def allowance_of(tolerance: Union[Sequence[ToleranceRule], Tolerance, Allowance], split: int):
+    """Key patterns (every step), a tolerance profile (its first step apart) or an allowance
+    function, as an allowance; sample identities and audited streams are exact regardless."""
+    if callable(tolerance):
+        given: Allowance = tolerance
+    elif isinstance(tolerance, Tolerance):
+        profile = tolerance
+
+        def given(rank: int, key: str, step: int) -> Optional[tuple[float, float]]:
+            return profile.for_key(key, step, split)
+    else:
+        rules = tuple(tolerance)
+
+        def given(rank: int, key: str, step: int) -> Optional[tuple[float, float]]:
+            return tolerance_for(key, rules)
+
+    def allowance(rank: int, key: str, step: int) -> Optional[tuple[float, float]]:
+        if is_identity_key(key) or section_of(key) == RNG:
+            return None
+        return given(rank, key, step)
+
+    return allowance
+
+
 @dataclass(frozen=True)
 class _Rules:
     """How one comparison compares: tolerances, ignored items, latent streams."""
 
-    tolerance: Sequence[ToleranceRule] = ()
+    allowance: Allowance
     user_only: bool = False
     ignore: Sequence[str] = ()
     strict_latent: bool = False
@@ -149,10 +237,6 @@ def _differences(
     keys = set(a) | set(b)
     if rules.user_only:
         keys = {k for k in keys if not is_audit_key(k)}
-    elif rules.tolerance:
-        # Watched tensors are kept as fingerprints only, which a tolerance cannot apply to;
-        # RNG states stay exact either way.
-        keys = {k for k in keys if not k.startswith("watch:")}
     found = []
     for key in sorted(keys, key=causal_order):
         if is_audit_key(key) and ignored(key, rules.ignore):
@@ -176,7 +260,7 @@ def _difference(
     y, dropped_b = without_ignored(key, b[key], rules.ignore)
     for path in dropped_a + dropped_b:
         _note(result.ignored, path)
-    diff = value_difference(x, y, key, tolerance_for(key, rules.tolerance))
+    diff = value_difference(x, y, key, rules.allowance(rank, key, step))
     if diff is None:
         return []
     path, x, y, why = diff
@@ -215,7 +299,7 @@ def compare_runs(
     resumed: dict[int, Signature],
     split: int,
     steps: int,
-    tolerance: Sequence[ToleranceRule] = (),
+    tolerance: Union[Sequence[ToleranceRule], Tolerance, Allowance] = (),
     user_only: bool = False,
     skip_steps: int = 0,
     ignore: Sequence[str] = (),
@@ -223,12 +307,12 @@ def compare_runs(
 ) -> Comparison:
     """Compare every rank of a resumed launch with the uninterrupted launch.
 
-    `user_only` ignores the automatic audit keys and `skip_steps` the first resumed steps:
+    `tolerance`: how far numbers may move (`allowance_of`; exact by default). `user_only` ignores the automatic audit keys and `skip_steps` the first resumed steps:
     the teeth check compares only what the user recorded after its mutation. `ignore`:
     patterns of audited keys or fields left out; a latent stream (nothing draws from it in
     the compared steps) passes with a note in `latent`, unless `strict_latent`.
     """
-    rules = _Rules(tolerance, user_only, ignore, strict_latent)
+    rules = _Rules(allowance_of(tolerance, split), user_only, ignore, strict_latent)
     world_size = max(len(uninterrupted), len(resumed))
     result = Comparison(split=split, steps=steps, world_size=world_size)
     for rank in range(world_size):
@@ -281,3 +365,41 @@ def first_difference(cmp: Comparison) -> str:
     if div is not None:
         return f"step {div.step}, rank {div.rank}, {div.key!r}"
     return cmp.problems[0].message if cmp.problems else ""
+
+
+def format_comparison(cmp: Comparison, label: str = "") -> str:
+    label = label or f"split {cmp.split}"
+    if cmp.problems:
+        lines = [f"{label}: the resumed run did not record the steps it should have:"]
+        lines += [f"  {p.message}" for p in cmp.problems]
+        return "\n".join(lines)
+    div = cmp.divergence
+    if div is None:
+        ranks = f"all {cmp.world_size} ranks" if cmp.world_size > 1 else "its one rank"
+        return f"{label}: equal on {ranks} over {cmp.compared_steps} steps"
+    where = f"key {div.key!r}" + (f" at {div.path}" if div.path != div.key else "")
+    on = f" (node {div.node})" if div.node else ""
+    lines = [
+        f"{label}: first divergence at step {div.step}, rank {div.rank}{on}, {where}: {div.detail}",
+        f"  [- uninterrupted] {readable(div.expected)}",
+        f"  [+ resumed]       {readable(div.actual)}",
+    ]
+    size = size_words(div.expected, div.actual)
+    if size:
+        lines.append(f"  ({size})")
+    if cmp.how:
+        lines.append(f"  compared: {cmp.how}")
+    if len(cmp.context) > 1:
+        lines.append(f"  {div.key!r} on rank {div.rank} around step {div.step}:")
+        for step, a, b in cmp.context:
+            if a == b:
+                lines.append(f"      step {step}   {readable(a)}")
+            else:
+                lines.append(f"    - step {step}   {readable(a)}")
+                lines.append(f"    + step {step}   {readable(b)}")
+    per_rank = "; ".join(
+        f"rank {r}: {', '.join(keys)}" for r, keys in sorted(cmp.divergent_keys.items())
+    )
+    if per_rank:
+        lines.append(f"  keys that differ at step {div.step}: {per_rank}")
+    return "\n".join(lines)

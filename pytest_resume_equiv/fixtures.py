@@ -13,17 +13,12 @@ from typing import Callable, Optional
 
 import pytest
 
+from .checks import Plan, build_plan
 from .devices import Device
 from .errors import ResumeEquivError, ResumeEquivWarning
+from .judge import LaunchFailed, Outcome, run_plan
 from .launch import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
-from .orchestrate import LaunchFailed, ResumeOutcome, run_plan
-from .plan import (
-    DEFAULT_CHECKPOINT,
-    DEFAULT_SEED,
-    ResumePlan,
-    RunRequest,
-    build_plan,
-)
+from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .plot import plot_split
 from .rank.context import LaunchContext
 from .records import RunRecord, TestRecord
@@ -108,7 +103,7 @@ class ResumeEquiv:
         self.progress = progress
         """Receives a line per launch event (pytest -v)."""
         self.runs: list[RunRecord] = []
-        self.outcome: Optional[ResumeOutcome] = None
+        self.outcome: Optional[Outcome] = None
         self.launching = False
         """True while launches run: an interrupted test keeps its run directories."""
         self.wall = 0.0
@@ -141,7 +136,7 @@ class ResumeEquiv:
         env: Optional[Mapping[str, str]] = None,
         seed: int = DEFAULT_SEED,
         cwd: Optional[str] = None,
-    ) -> ResumeOutcome:
+    ) -> Outcome:
         """Launch uninterrupted and resumed runs, compare every rank; fail the test on a difference.
 
         `command` is an argv list (a script path or `["-m", "module", ...]`, placeholders
@@ -167,19 +162,30 @@ class ResumeEquiv:
             self.wall += time.monotonic() - began
         if outcome is None:
             _fail(problem)
+        if outcome.abstained:
+            self._abstain(outcome)
         return outcome
 
-    def _plan(self, request: RunRequest) -> ResumePlan:
+    def _abstain(self, outcome: Outcome) -> None:
+        """The resume points held, but a trajectory could not be judged within the measured
+        noise: a skip saying why (a failure with --resume-equiv-strict-abstain)."""
+        __tracebackhide__ = True
+        reason = "; ".join(f"{v.label}: {v.why}" for v in outcome.abstained)
+        if self.settings.strict_abstain:
+            _fail(f"abstained (--resume-equiv-strict-abstain makes it a failure): {reason}")
+        pytest.skip(f"resume-equiv abstained: {reason}")
+
+    def _plan(self, request: RunRequest) -> Plan:
         plan = build_plan(self.settings, request, self.device, self.root.path, self.shared_root)
-        self.shared_dirs += [p.spec.run_dir for p in plan.all_launches if p.shared]
+        self.shared_dirs += [p.spec.run_dir for p in plan.launches if p.shared]
         for text in plan.warnings:  # before the launches: the author may stop and fix it
             warnings.warn(ResumeEquivWarning(text), stacklevel=3)
         return plan
 
-    def _run(self, plan: ResumePlan) -> tuple[Optional[ResumeOutcome], str]:
+    def _run(self, plan: Plan) -> tuple[Optional[Outcome], str]:
         """Run and judge the plan: (the outcome, "") when it passed, else (None, the failure
         text). Either way the run's record is kept for the summary and the JSON report."""
-        outcome = ResumeOutcome(plan)
+        outcome = Outcome(plan)
         parallel, prefetch = parallelism(
             self.device, self.nproc, self.world_size, self.settings.launcher
         )
@@ -214,7 +220,7 @@ class ResumeEquiv:
         failure = _shutdown_deaths(outcome.launches, self.settings.strict_shutdown, stacklevel=3)
         return (None, failure) if failure else (outcome, "")
 
-    def _failed_to_run(self, outcome: ResumeOutcome, exc: ResumeEquivError) -> str:
+    def _failed_to_run(self, outcome: Outcome, exc: ResumeEquivError) -> str:
         """A launch failed, or a launch's output cannot be compared: the failure text."""
         self.runs.append(RunRecord.of(outcome, str(exc)))
         self.report_section(format_plan_summary(outcome))
@@ -225,30 +231,31 @@ class ResumeEquiv:
             return f"{failure}\n  ({self.root.kept_text()})"
         return f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
 
-    def _plots(self, outcome: ResumeOutcome) -> list[str]:
+    def _plots(self, outcome: Outcome) -> list[str]:
         """A PNG per diverged split (matplotlib installed, run directories kept)."""
         if self.root.keep == "none":
             return []
         paths = []
         for verdict in outcome.verdicts:
-            if verdict.comparison.equal:
+            if verdict.equal or verdict.signatures is None or verdict.comparison is None:
                 continue
             div = verdict.comparison.divergence
             rank = div.rank if div is not None else 0
             path = os.path.join(self.root.path, f"plot-split{verdict.split}.png")
-            base, res = verdict.uninterrupted_signatures, verdict.signatures
-            if plot_split(base, res, verdict.split, rank, path):
+            base, res = verdict.signatures
+            if plot_split(base, res, verdict.comparison.split, rank, path):
                 paths.append(path)
         return paths
 
     def record(self, failed: bool) -> TestRecord:
         """This test's record for the summary table and the JSON report."""
+        abstained = any(v.status == "abstained" for run in self.runs for v in run.verdicts)
         if self.launching:
             verdict = "interrupted"
         elif not self.runs:
             verdict = "not run"
         else:
-            verdict = "failed" if failed else "passed"
+            verdict = "failed" if failed else "abstained" if abstained else "passed"
         marker = self.settings.marker
         return TestRecord(
             test=self.owner,

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .errors import SettingError
+from .tolerance import Tolerance, parse_tolerance
 
 INTERRUPTS = ("continue", "stop", "kill")
+NOISE = ("auto", "measure", "off")
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,8 @@ class MarkerSpec:
     nproc: int = 2
     nnodes: int = 1
     timeout: Optional[float] = None
-    tolerance: tuple[tuple[str, float, float], ...] = ()
+    tolerance: Optional[Tolerance] = None
+    """None: not given on the marker (the session option decides)."""
     env: tuple[tuple[str, str], ...] = ()
     rng_mutation: Optional[bool] = None
     """None: not given on the marker (the session option decides)."""
@@ -33,6 +36,8 @@ class MarkerSpec:
     resume_nnodes: Optional[int] = None
     chain: bool = False
     """Each resumed launch saves at the next split, and the next one resumes from it."""
+    noise: Optional[str] = None
+    """auto | measure | off; None: not given on the marker (the session option decides)."""
 
     @property
     def world_size(self) -> int:
@@ -82,25 +87,19 @@ def _int(keyword: str, minimum: int) -> Callable[[Any], int]:
     return parse
 
 
-def _tolerance(value: Any) -> tuple[tuple[str, float, float], ...]:
+def _tolerance(value: Any) -> Optional[Tolerance]:
     if value is None:
-        return ()
-    why = (
-        "expected (rtol, atol) for every key, or a dict of key patterns to (rtol, atol), "
-        'e.g. {"loss": (1e-6, 0.0), "param*": (1e-5, 1e-8)}'
-    )
-    items = value.items() if isinstance(value, Mapping) else [("*", value)]
-    rules = []
-    for pattern, pair in items:
-        if not isinstance(pattern, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise _error("tolerance", value, why)
-        if not all(
-            not isinstance(x, bool) and isinstance(x, (int, float)) and x >= 0 and not math.isinf(x)
-            for x in pair
-        ):
-            raise _error("tolerance", value, f"rtol and atol must be finite numbers >= 0; {why}")
-        rules.append((pattern, float(pair[0]), float(pair[1])))
-    return tuple(rules)
+        return None
+    try:
+        return parse_tolerance(value)
+    except ValueError as exc:
+        raise _error("tolerance", value, str(exc)) from None
+
+
+def _noise(value: Any) -> Optional[str]:
+    if value is not None and value not in NOISE:
+        raise _error("noise", value, f"supported: {', '.join(map(repr, NOISE))}")
+    return value
 
 
 def _env(value: Any) -> tuple[tuple[str, str], ...]:
@@ -171,6 +170,7 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "resume_nproc": _optional_int("resume_nproc"),
     "resume_nnodes": _optional_int("resume_nnodes"),
     "chain": _chain,
+    "noise": _noise,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)

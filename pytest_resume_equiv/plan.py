@@ -1,8 +1,12 @@
-"""What one `resume_equiv.run()` launches, as data: the planned launches of a resume test and
-the identity that lets tests share an uninterrupted launch.
+"""What one `resume_equiv.run()` launches, as data: the planned launches and the checks that
+judge them, and the identity that lets tests share an uninterrupted launch.
 
-Every placeholder of a command, a resume argument or a checkpoint template is substituted
-here, once, by `fill` (the ranks use the same function for `ctx.checkpoint_for`).
+The planner does not know what the launches are for: every registered check
+(`checks.CHECKS`) asks it for the launches it needs (a launch several checks need, like the
+uninterrupted one, is planned once; `checks.build_plan`). The planner fills every placeholder of a command, a resume argument and a
+checkpoint template, once, with `fill` (the ranks use the same function for
+`ctx.checkpoint_for`); a launch's split and the checkpoint it loads are derived here and
+carried by the launch.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .devices import Device
 from .errors import ResumeEquivError
@@ -24,16 +28,6 @@ from .targets import Command, argv_list, fill, target_from_argv, target_from_cal
 
 DEFAULT_CHECKPOINT = "{run_dir}/checkpoints/step_{split}"
 DEFAULT_SEED = 1234
-
-ROLES = ("uninterrupted", "interrupted", "resumed", "teeth", "control", "topology", "direct")
-"""uninterrupted: every step, saving at the splits; interrupted: the first launch of
-interrupt="stop"/"kill"; resumed: from a checkpoint, compared with the uninterrupted launch;
-teeth: a resumed launch with every RNG stream mutated after its first step; control: the
-uninterrupted launch once more, run only after a divergence; topology: the uninterrupted
-launch on the resumed launches' topology (resume_nproc=), whose difference from the
-uninterrupted one is the topology's own numeric noise; direct: in a chain, a resume from the
-uninterrupted launch's checkpoint at a later link's split, run only when that link diverged,
-to tell a stale checkpoint of the link before from a load path that fails at that step."""
 
 
 @dataclass(frozen=True)
@@ -48,27 +42,32 @@ class RunRequest:
     cwd: Optional[str] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class PlannedLaunch:
     spec: LaunchSpec
     role: str
-    """One of ROLES."""
-    splits: tuple[int, ...]
-    uninterrupted: Optional[PlannedLaunch] = None
-    """resumed / teeth / control: the uninterrupted launch this one is compared with."""
+    """What the launch is, in the words of reports (uninterrupted, resumed, teeth, ...): set
+    by the check that plans it."""
+    split: Optional[int] = None
+    """A launch that loads a checkpoint: the step it resumes after."""
+    saves: tuple[int, ...] = ()
+    """A launch that saves checkpoints: the steps after which it saves."""
+    reference: Optional[PlannedLaunch] = None
+    """The launch this one is compared with (the uninterrupted one)."""
     source: Optional[PlannedLaunch] = None
-    """resumed / teeth: the launch that writes the checkpoint this one loads (the
-    uninterrupted launch, or the interrupted first launch of interrupt="stop"/"kill")."""
+    """The launch that writes the checkpoint this one loads."""
     checkpoint: Optional[str] = None
-    """resumed / teeth: the checkpoint they load (checked to exist before they run)."""
+    """The checkpoint it loads (checked to exist before it runs)."""
     shared: bool = False
     """An uninterrupted launch in the session's shared directory, run once for every test
     that plans the same launch."""
     kill_after: Optional[int] = None
     """interrupt="kill": SIGKILL this launch once every rank has recorded this step."""
-    envelope: Optional[PlannedLaunch] = None
-    """resumed / teeth on another topology: the uninterrupted launch on that topology, whose
-    difference from the uninterrupted one bounds theirs."""
+    after: tuple[PlannedLaunch, ...] = ()
+    """Launches besides the reference and the source that must have exited before this one
+    runs the user's code (one needed to judge it: a slot is better spent on that first)."""
+    on_demand: bool = False
+    """Started only when a check asks for it (after a divergence, say)."""
     link: int = 0
     """chain=True: which resume of the chain this is (1, 2, ...); 0 outside a chain."""
 
@@ -78,41 +77,13 @@ class PlannedLaunch:
 
     @property
     def needs(self) -> tuple[PlannedLaunch, ...]:
-        """The launches that must have exited before this one may run the user's code (the
-        envelope too: it is needed to judge this one, and a slot is better spent on it)."""
-        return tuple(p for p in (self.uninterrupted, self.source, self.envelope) if p)
-
-
-@dataclass
-class ResumePlan:
-    uninterrupted: list[PlannedLaunch]
-    resumed: list[PlannedLaunch]
-    interrupted: list[PlannedLaunch] = field(default_factory=list)
-    teeth: Optional[PlannedLaunch] = None
-    """A resumed launch that mutates every RNG stream after its first step (teeth check)."""
-    teeth_off: str = ""
-    """Why no teeth check is planned ("" when one is)."""
-    warnings: list[str] = field(default_factory=list)
-    """What the test author should know before the launches start."""
-    controls: dict[str, PlannedLaunch] = field(default_factory=dict)
-    """Per uninterrupted launch (by name), its rerun: run only when a resume diverged, to
-    tell a resume bug from training that is not deterministic at all."""
-    topology: list[PlannedLaunch] = field(default_factory=list)
-    """resume_nproc= / resume_nnodes=: per uninterrupted launch, the same launch on the
-    resumed launches' topology (the envelope of the topology's own numeric noise)."""
-    direct: dict[str, PlannedLaunch] = field(default_factory=dict)
-    """chain=True: per link after the first (by name), a resume from the uninterrupted
-    launch's checkpoint at its split; run only when the link diverged."""
+        """The launches that must have exited before this one may run the user's code."""
+        found = [p for p in (self.reference, self.source, *self.after) if p is not None]
+        return tuple(dict.fromkeys(found))
 
     @property
-    def launches(self) -> list[PlannedLaunch]:
-        """The launches that always run (teeth and controls only when they can matter)."""
-        return [*self.uninterrupted, *self.topology, *self.interrupted, *self.resumed]
-
-    @property
-    def all_launches(self) -> list[PlannedLaunch]:
-        teeth = [self.teeth] if self.teeth is not None else []
-        return [*self.launches, *teeth, *self.controls.values(), *self.direct.values()]
+    def loads(self) -> bool:
+        return self.checkpoint is not None
 
 
 def launch_key(spec: LaunchSpec, root: str) -> str:
@@ -131,11 +102,17 @@ def launch_key(spec: LaunchSpec, root: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-class _Planner:
-    """Builds the launches of one plan; holds what every launch of it shares."""
+class Planner:
+    """Builds the launches of one plan; holds what every launch of it shares, and the
+    launches planned so far (by name, so a launch several checks need is planned once)."""
 
     def __init__(
-        self, settings: TestSettings, request: RunRequest, device: Device, root: str
+        self,
+        settings: TestSettings,
+        request: RunRequest,
+        device: Device,
+        root: str,
+        shared_root: Optional[str] = None,
     ) -> None:
         if not isinstance(request.checkpoint, (str, os.PathLike)):
             raise ResumeEquivError(
@@ -146,6 +123,7 @@ class _Planner:
         self.request = request
         self.device = device
         self.root = root
+        self.shared_root = shared_root
         self.checkpoint = os.fspath(request.checkpoint)
         if callable(request.command):
             if request.resume_args:
@@ -158,6 +136,20 @@ class _Planner:
             self.argv = argv_list(request.command, "command")
             self.target = None
         self.resume_args = argv_list(request.resume_args, "resume_args")
+        self.planned: dict[str, PlannedLaunch] = {}
+        self.warnings: list[str] = []
+
+    def once(self, name: str, build: Callable[[], PlannedLaunch]) -> PlannedLaunch:
+        """The launch named `name`, built on first use."""
+        if name not in self.planned:
+            launch = build()
+            assert launch.name == name, (launch.name, name)
+            self.planned[name] = launch
+        return self.planned[name]
+
+    def warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
 
     def values(
         self, run_dir: str, split: int, splits: Sequence[int], steps: int, resumed: bool = False
@@ -226,30 +218,39 @@ class _Planner:
         )
 
     def saving(
-        self, name: str, role: str, splits: Sequence[int], run_dir: str, steps: int
+        self,
+        name: str,
+        role: str,
+        splits: Sequence[int],
+        run_dir: str,
+        steps: int,
+        phase: str = "uninterrupted",
+        saves: bool = True,
+        resumed_topology: bool = False,
     ) -> PlannedLaunch:
-        """A launch that saves a checkpoint at each of `splits` (uninterrupted, interrupted,
-        control; not topology: the uninterrupted launch on the resumed launches' topology,
-        whose checkpoints nothing loads)."""
-        other = role == "topology"
-        values = self.values(run_dir, splits[0], splits, steps, resumed=other)
+        """A launch from step 1 that saves a checkpoint at each of `splits` (unless not
+        `saves`: nothing loads its checkpoints), on the resumed launches' topology when
+        `resumed_topology`."""
+        values = self.values(run_dir, splits[0], splits, steps, resumed=resumed_topology)
         checkpoint = self.checkpoint_of(values)
         args = self.command({**values, "checkpoint": checkpoint}, resumed=False)
-        phase = "interrupted" if role == "interrupted" else "uninterrupted"
-        context = self.context(phase, values, checkpoint, splits, () if other else splits)
-        return PlannedLaunch(self.spec(name, args, context, resumed=other), role, tuple(splits))
+        save_at = tuple(splits) if saves else ()
+        context = self.context(phase, values, checkpoint, splits, save_at)
+        spec = self.spec(name, args, context, resumed=resumed_topology)
+        return PlannedLaunch(spec, role, saves=save_at)
 
     def resuming(
         self,
         name: str,
         role: str,
         split: int,
-        compared: PlannedLaunch,
+        reference: PlannedLaunch,
         source: PlannedLaunch,
         save_at: Sequence[int] = (),
+        phase: Optional[str] = None,
     ) -> PlannedLaunch:
-        """A launch that loads `source`'s checkpoint at `split` (resumed, teeth); in a chain
-        it saves at the later splits (`save_at`) for the next link."""
+        """A launch that loads `source`'s checkpoint at `split`, compared with `reference`;
+        in a chain it saves at the later splits (`save_at`) for the next link."""
         source_values = {**source.spec.context.template_values, "split": split}
         checkpoint = self.checkpoint_of(source_values)
         run_dir = os.path.join(self.root, name)
@@ -257,38 +258,24 @@ class _Planner:
         values = self.values(run_dir, split, marker.splits, marker.steps, resumed=True)
         args = self.command({**values, "checkpoint": checkpoint}, resumed=True)
         context = dataclasses.replace(
-            # a direct resume is a resumed launch to the trainer (ctx.resuming)
-            self.context(
-                "resumed" if role == "direct" else role, values, checkpoint, marker.splits, save_at
-            ),
+            self.context(phase or role, values, checkpoint, marker.splits, save_at),
             template_values=source_values if not save_at else values,
         )
         return PlannedLaunch(
             self.spec(name, args, context, resumed=True),
             role,
-            (split,),
-            uninterrupted=compared,
+            split=split,
+            saves=tuple(save_at),
+            reference=reference,
             source=source,
             checkpoint=checkpoint,
         )
 
-    def rolling_checkpoint_warning(self) -> list[str]:
-        """A checkpoint path that is the same at every split, while the uninterrupted run
-        goes on past the split: a later save to it replaces what the resumed run loads."""
-        marker = self.marker
-        if marker.interrupt != "continue":
-            return []
-        at = [self.values("\0run_dir", s, marker.splits, marker.steps) for s in (1, 2)]
-        if self.checkpoint_of(at[0]) != self.checkpoint_of(at[1]):
-            return []
-        saves = ", ".join(map(str, marker.splits))
-        return [
-            f"checkpoint={self.checkpoint!r} is the same path at every split, and the "
-            f"uninterrupted run saves there at step {saves} and goes on to step {marker.steps} "
-            '(interrupt="continue"): a later save to that path replaces the checkpoint the '
-            "resumed run loads, so it may resume from another step; put {split} in the path "
-            '(the trainer saving to it), or use interrupt="stop"'
-        ]
+    def shared_dir(self, probe: PlannedLaunch, own_dir: str) -> str:
+        """A launch's own directory, or its place in the session's shared directory."""
+        if self.shared_root is None:
+            return own_dir
+        return os.path.join(self.shared_root, launch_key(probe.spec, self.root))
 
     def groups(self) -> list[list[int]]:
         """Splits that can share one uninterrupted launch: those whose command is the same
@@ -300,115 +287,6 @@ class _Planner:
             groups.setdefault(tuple(self.command(probe, resumed=False)), []).append(split)
         return list(groups.values())
 
-
-def build_plan(
-    settings: TestSettings,
-    request: RunRequest,
-    device: Device,
-    root: str,
-    shared_root: Optional[str] = None,
-) -> ResumePlan:
-    """The launches of one run: per group of splits an uninterrupted launch (in `shared_root`
-    when given, so other tests can reuse it), its control and, on a topology change, its twin
-    on the resumed topology; per split a resumed launch (and an interrupted first launch
-    unless interrupt="continue"; in a chain, each resumed launch loads the previous one's
-    checkpoint); at most one teeth check."""
-    planner = _Planner(settings, request, device, root)
-    marker = settings.marker
-    plan = ResumePlan([], [])
-    groups = planner.groups()
-    if marker.chain and len(groups) > 1:
-        raise ResumeEquivError(
-            "chain=True needs one uninterrupted launch that saves at every split, but the "
-            "command differs per split (it uses {split}); use {splits}, or ctx.should_save(step)"
-        )
-    for splits in groups:
-        name = "uninterrupted" if len(groups) == 1 else f"uninterrupted-split{splits[0]}"
-        full = _uninterrupted(planner, plan, name, splits, shared_root)
-        envelope = _topology(planner, plan, name, splits, shared_root)
-        previous: Optional[PlannedLaunch] = None
-        for split in splits:
-            source = full
-            if marker.chain and previous is not None:
-                source = previous
-            elif marker.interrupt != "continue":
-                source = _interrupted(planner, split)
-                plan.interrupted.append(source)
-            later = [s for s in splits if s > split][:1] if marker.chain else []
-            resumed = planner.resuming(
-                f"resumed-split{split}", "resumed", split, full, source, later
-            )
-            resumed.envelope = envelope
-            resumed.link = len(plan.resumed) + 1 if marker.chain else 0
-            if resumed.link > 1:
-                name = f"resumed-split{split}-direct"
-                plan.direct[resumed.name] = planner.resuming(name, "direct", split, full, full)
-            plan.resumed.append(resumed)
-            previous = resumed
-            if plan.teeth is None and settings.rng_mutation and marker.steps >= split + 2:
-                plan.teeth = planner.resuming(f"teeth-split{split}", "teeth", split, full, source)
-                plan.teeth.envelope = envelope
-    plan.warnings += planner.rolling_checkpoint_warning()
-    if plan.teeth is None:
-        plan.teeth_off = (
-            f"rng_mutation=False from {settings.sources['rng_mutation']}"
-            if not settings.rng_mutation
-            else "needs steps >= split + 2 (a step after the mutated one to compare)"
-        )
-    return plan
-
-
-def _run_dir(planner: _Planner, probe: PlannedLaunch, own_dir: str, shared_root: Optional[str]):
-    """A launch's own directory, or its place in the session's shared directory."""
-    if shared_root is None:
-        return own_dir
-    return os.path.join(shared_root, launch_key(probe.spec, planner.root))
-
-
-def _uninterrupted(
-    planner: _Planner, plan: ResumePlan, name: str, splits: list[int], shared_root: Optional[str]
-) -> PlannedLaunch:
-    """The uninterrupted launch of `splits` and its determinism control."""
-    steps = planner.marker.steps
-    own_dir = os.path.join(planner.root, name)
-    probe = planner.saving(name, "uninterrupted", splits, own_dir, steps)
-    run_dir = _run_dir(planner, probe, own_dir, shared_root)
-    full = planner.saving(name, "uninterrupted", splits, run_dir, steps)
-    control = planner.saving(f"{name}-control", "control", splits, f"{run_dir}-control", steps)
-    control.uninterrupted = full
-    full.shared = control.shared = shared_root is not None
-    plan.uninterrupted.append(full)
-    plan.controls[name] = control
-    return full
-
-
-def _topology(
-    planner: _Planner, plan: ResumePlan, name: str, splits: list[int], shared_root: Optional[str]
-) -> Optional[PlannedLaunch]:
-    """On a topology change, the uninterrupted launch on the resumed topology."""
-    marker = planner.marker
-    if not marker.topology_changes:
-        return None
-    name = f"{name}-nproc{marker.resumed_nproc}" + (
-        f"x{marker.resumed_nnodes}" if marker.resumed_nnodes > 1 else ""
-    )
-    own_dir = os.path.join(planner.root, name)
-    probe = planner.saving(name, "topology", splits, own_dir, marker.steps)
-    launch = planner.saving(
-        name, "topology", splits, _run_dir(planner, probe, own_dir, shared_root), marker.steps
-    )
-    launch.shared = shared_root is not None
-    plan.topology.append(launch)
-    return launch
-
-
-def _interrupted(planner: _Planner, split: int) -> PlannedLaunch:
-    """A first launch of its own: it ends at the split ("stop") or is SIGKILLed once every
-    rank has recorded the step after it ("kill")."""
-    marker = planner.marker
-    name = f"interrupted-split{split}"
-    steps = split if marker.interrupt == "stop" else marker.steps
-    launch = planner.saving(name, "interrupted", [split], os.path.join(planner.root, name), steps)
-    if marker.interrupt == "kill":
-        launch.kill_after = split + 1
-    return launch
+    def ordered(self) -> list[PlannedLaunch]:
+        """The launches in start order: those that read no checkpoint first."""
+        return sorted(self.planned.values(), key=lambda p: p.loads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .rank.layout import is_audit_key
 from .signature import Signature
 from .values import scalar
 
@@ -29,7 +30,7 @@ def plot_split(
     keys = []
     for values in base_steps.values():
         for key, value in values.items():
-            if ":" not in key and key not in keys and scalar(value) is not None:
+            if not is_audit_key(key) and key not in keys and scalar(value) is not None:
                 keys.append(key)
     keys = keys[:MAX_SERIES]
     if not keys:

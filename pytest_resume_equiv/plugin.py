@@ -5,7 +5,7 @@ One resume test, from the marker to the verdict:
    over the session's options) and its device (skip or fail when there is none);
 2. the `resume_equiv` fixture hands both to a `fixtures.ResumeEquiv`;
 3. `ResumeEquiv.run` plans the launches (`plan.build_plan`), runs them
-   (`schedule.Scheduler`), judges each result (`orchestrate.Judge`) and fails the test with
+   (`schedule.Scheduler`), judges each result (`judge.Judge` dispatching to the `checks`) and fails the test with
    the report's text (`report.format_outcome`);
 4. at teardown the test's record goes to the session (`session.ResumeEquivSession`), which
    prints the summary table and writes the JSON report at the end.

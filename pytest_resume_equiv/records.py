@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .compare import first_difference
+from .checks import Verdict, kind_of
+from .judge import Outcome
 from .launch import LaunchResult
-from .orchestrate import ResumeOutcome, SplitVerdict
 from .plan import PlannedLaunch
 from .values import readable
 
@@ -75,66 +75,49 @@ class LaunchRecord:
         )
 
 
-@dataclass
-class VerdictRecord:
-    split: int
-    equal: bool
-    compared_steps: int
-    problems: list[str]
-    first_divergence: Optional[dict[str, Any]]
-    divergent_keys: dict[str, list[str]]
-    likely_cause: Optional[dict[str, Any]] = None
-    """{"class", "cause", "notes"}: the diagnosis of the first divergence, when there is one."""
-    data: list[str] = field(default_factory=list)
-    """The data accounting in words, per sample-id key."""
-    chain_link: int = 0
-    """chain=True: which resume of the chain (1, 2, ...); 0 outside a chain."""
-    topology: list[str] = field(default_factory=list)
-    """A resume on another topology: what it was held to, in words (data, envelopes)."""
-
-    @classmethod
-    def of(cls, verdict: SplitVerdict) -> VerdictRecord:
-        cmp, diag = verdict.comparison, verdict.diagnosis
-        div = cmp.divergence
-        first = None
-        if div is not None:
-            first = {
-                "step": div.step,
-                "rank": div.rank,
-                "key": div.key,
-                "path": div.path,
-                "detail": div.detail,
-                "uninterrupted": readable(div.expected),
-                "resumed": readable(div.actual),
-            }
-        return cls(
-            split=verdict.split,
-            equal=cmp.equal,
-            compared_steps=cmp.compared_steps,
-            problems=[p.message for p in cmp.problems],
-            first_divergence=first,
-            divergent_keys={str(k): keys for k, keys in cmp.divergent_keys.items()},
-            likely_cause=None
-            if diag is None
-            else {"class": diag.bug_class, "cause": diag.cause, "notes": list(diag.notes)},
-            data=[item.text() for item in verdict.data],
-            chain_link=verdict.link,
-            topology=[] if verdict.topology is None else verdict.topology.lines(),
-        )
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    """A verdict in the JSON report: a resume's keys of report version 1 (`split`, `equal`,
+    `first_divergence` in readable values, `data` and `topology` in words, ...) beside the
+    verdict's own structured record, from which it is read back."""
+    data = verdict.to_json()
+    if not verdict.primary:
+        return data
+    cmp = verdict.comparison
+    div = cmp.divergence if cmp is not None else None
+    first = None
+    if div is not None:
+        first = {
+            "step": div.step,
+            "rank": div.rank,
+            "key": div.key,
+            "path": div.path,
+            "detail": div.detail,
+            "uninterrupted": readable(div.expected),
+            "resumed": readable(div.actual),
+        }
+    words = {f.kind: f.to_json().get("text", []) for f in verdict.every_fact}
+    return {
+        "split": verdict.split,
+        "equal": verdict.equal,
+        "compared_steps": cmp.compared_steps if cmp is not None else 0,
+        "problems": [p.message for p in cmp.problems] if cmp is not None else [],
+        "first_divergence": first,
+        "divergent_keys": {str(k): v for k, v in (cmp.divergent_keys if cmp else {}).items()},
+        "data": words.get("data", []),
+        "topology": words.get("topology", []),
+        **data,
+    }
 
 
 @dataclass
 class RunRecord:
-    """One `resume_equiv.run()` call: its plan, the launches that ran, the verdicts, the
-    checks around them, and what failed, in a few words."""
+    """One `resume_equiv.run()` call: its plan, the launches that ran, every check's verdict,
+    and what failed, in a few words."""
 
     plan: list[str]
     launches: list[LaunchRecord] = field(default_factory=list)
-    verdicts: list[VerdictRecord] = field(default_factory=list)
-    teeth: dict[str, str] = field(default_factory=dict)
-    """{"status", "why"}: passed, failed, skipped, off, cancelled, not run."""
-    control: dict[str, Any] = field(default_factory=dict)
-    """{"ran", "deterministic", "first_difference"}: the determinism control."""
+    verdicts: list[Verdict] = field(default_factory=list)
+    """Every check's verdict: the resumes (`primary`) and the checks around them."""
     failure: str = ""
     """Why the run failed, in a few words ("" when it passed)."""
     warnings: list[str] = field(default_factory=list)
@@ -145,44 +128,68 @@ class RunRecord:
     @classmethod
     def of(
         cls,
-        outcome: ResumeOutcome,
+        outcome: Outcome,
         failure: str = "",
         warnings: Sequence[str] = (),
         stopped: Sequence[PlannedLaunch] = (),
     ) -> RunRecord:
         """`warnings`: beside the plan's and the outcome's; `stopped`: launches that were
         running when the test was interrupted."""
-        roles = {p.name: p.role for p in outcome.plan.all_launches}
-        ran_control = any(roles.get(r.spec.name) == "control" for r in outcome.launches)
-        odd = outcome.nondeterministic
-        teeth = outcome.teeth
+        roles = {p.name: p.role for p in outcome.plan.launches}
         return cls(
-            plan=[p.name for p in outcome.plan.launches],
+            plan=[p.name for p in outcome.plan.started],
             launches=[LaunchRecord.of(r, roles.get(r.spec.name, "")) for r in outcome.launches]
             + [LaunchRecord.stopped(p) for p in stopped],
-            verdicts=[VerdictRecord.of(v) for v in outcome.verdicts],
-            teeth={
-                "status": "not run" if teeth.status == "planned" else teeth.status,
-                "why": teeth.why,
-            },
-            control={
-                "ran": ran_control,
-                "deterministic": None if not ran_control else odd is None,
-                "first_difference": first_difference(odd) if odd is not None else "",
-            },
+            verdicts=[*outcome.verdicts, *[v for v in outcome.checks if not v.primary]],
             failure=failure,
             warnings=[*outcome.plan.warnings, *outcome.warnings, *warnings],
             ignored=list(outcome.ignored),
         )
+
+    def of_check(self, kind: str) -> list[Verdict]:
+        return [v for v in self.verdicts if v.check == kind]
+
+    @property
+    def teeth(self) -> dict[str, str]:
+        """{"status", "why"}: passed, failed, skipped, off, cancelled, not run."""
+        found = self.of_check("teeth")
+        return (
+            {"status": found[0].status, "why": found[0].why}
+            if found
+            else {"status": "not run", "why": ""}
+        )
+
+    @property
+    def control(self) -> dict[str, Any]:
+        """{"ran", "deterministic", "first_difference"}: the determinism control."""
+        found = self.of_check("control")
+        odd = next((v for v in found if v.failed), None)
+        return {
+            "ran": bool(found),
+            "deterministic": None if not found else odd is None,
+            "first_difference": odd.first_difference() if odd is not None else "",
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan,
+            "launches": [dataclasses.asdict(x) for x in self.launches],
+            "verdicts": [verdict_json(v) for v in self.verdicts if v.primary],
+            "checks": [verdict_json(v) for v in self.verdicts if not v.primary],
+            "teeth": self.teeth,
+            "control": self.control,
+            "failure": self.failure,
+            "warnings": self.warnings,
+            "ignored": self.ignored,
+            "plots": self.plots,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
         return cls(
             plan=list(data["plan"]),
             launches=[LaunchRecord(**x) for x in data["launches"]],
-            verdicts=[VerdictRecord(**x) for x in data["verdicts"]],
-            teeth=dict(data.get("teeth", {})),
-            control=dict(data.get("control", {})),
+            verdicts=[Verdict.from_json(x) for x in [*data["verdicts"], *data.get("checks", [])]],
             failure=data.get("failure", ""),
             warnings=list(data.get("warnings", [])),
             ignored=list(data.get("ignored", [])),
@@ -228,7 +235,8 @@ class TestRecord:
         return next((run.failure for run in self.runs if run.failure), "")
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["runs"] = [run.to_json() for run in self.runs]
         data["wall_seconds"] = round(self.wall_seconds, 3)
         data.update(
             launches=self.launches,
@@ -255,25 +263,16 @@ class TestRecord:
                 for launch in run.launches
             )
             parts.append(f"launches {ran}" if ran else "no launch ran")
-            for verdict in run.verdicts:
-                if verdict.equal:
-                    steps = verdict.compared_steps
-                    parts.append(f"split {verdict.split} equal over {steps} steps")
-            status = run.teeth.get("status", "not run")
-            why = run.teeth.get("why", "")
-            parts.append(f"teeth check {status}" + (f" ({why})" if why else ""))
-            if run.control.get("ran"):
-                same = run.control.get("deterministic")
-                parts.append("determinism control " + ("matched" if same else "differed"))
+            parts += [p for p in (kind_of(v.check).proved(v) for v in run.verdicts) if p]
         return f"{self.test} {self.verdict}: " + "; ".join(parts)
 
     def junit_properties(self) -> list[tuple[str, Any]]:
         """The test's properties in JUnit XML (strings; lists joined by " | ")."""
         causes = [
-            f"split {v.split}: {v.likely_cause['class']}: {v.likely_cause['cause']}"
+            f"split {v.split}: {v.diagnosis.bug_class}: {v.diagnosis.cause}"
             for run in self.runs
             for v in run.verdicts
-            if v.likely_cause
+            if v.primary and v.diagnosis is not None
         ]
         teeth = [
             f"{r.teeth.get('status')}: {r.teeth.get('why', '')}".rstrip(": ") for r in self.runs

@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from .rank.layout import RNG, is_audit_key, section_of
+
 ToleranceRule = tuple[str, float, float]
 """(key pattern, rtol, atol); the first matching pattern applies."""
 
@@ -36,7 +38,7 @@ def ignored(path: str, patterns: Sequence[str]) -> bool:
 
 def without_ignored(key: str, value: Any, patterns: Sequence[str]) -> tuple[Any, list[str]]:
     """`value` with the fields that match a pattern taken out, and their paths."""
-    if not patterns or not isinstance(value, dict) or not key.startswith("watch:"):
+    if not patterns or not isinstance(value, dict) or not is_audit_key(key):
         return value, []
     kept, dropped = {}, []
     for name, item in value.items():
@@ -55,7 +57,7 @@ def latent(
 ) -> bool:
     """A random stream that no step after the split draws from, in either run: its state at
     the split carries to the end unchanged, so a difference in it changes nothing compared."""
-    if not key.startswith("rng:"):
+    if section_of(key) != RNG:
         return False
     after = [s for s in base if s >= split]
     return (

@@ -3,7 +3,7 @@
 The loop knows only mechanics: how many launches may run the user's code at once
 (`parallel`), how many more may be started ahead, waiting at their gate (`prefetch`), and that
 a launch may open its gate once the launches it `needs` have finished. What a result means,
-and which launches follow from it, is the handler's business (orchestrate.py): it may add
+and which launches follow from it, is the handler's business (judge.py and the checks): it may add
 and cancel jobs while the loop runs. Like pytest-xdist's `DSession.loop_once`, each turn
 starts what it can, then dispatches what finished.
 """

@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional
 
 from .agents import LAUNCHERS
 from .errors import SettingError
-from .marker import MarkerSpec, parse_marker, parse_timeout
+from .marker import NOISE, MarkerSpec, parse_marker, parse_timeout
+from .tolerance import PROFILES, Tolerance, parse_tolerance_option
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
 KEEP = ("failed", "all", "none")
@@ -75,6 +76,16 @@ def parse_slurm_args(raw: Any) -> tuple[str, ...]:
         return tuple(shlex.split(str(raw)))
     except ValueError as exc:
         raise ValueError(f"not a shell-quoted list of srun options ({exc})") from None
+
+
+def parse_noise_runs(raw: Any) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError("expected a whole number of uninterrupted runs >= 2") from None
+    if value < 2:
+        raise ValueError("expected a whole number of uninterrupted runs >= 2")
+    return value
 
 
 def parse_report(raw: Any) -> Optional[str]:
@@ -151,6 +162,37 @@ OPTIONS: dict[str, Option] = {
             parse_slurm_args,
         ),
         Option(
+            "tolerance",
+            "how far recorded numbers may move after the split: a profile (exact, strict, "
+            "standard, relaxed) or RTOL,ATOL; the marker's tolerance= wins",
+            PROFILES["exact"],
+            parse_tolerance_option,
+        ),
+        Option(
+            "noise",
+            "training that does not reproduce itself: auto (measure the noise when the "
+            "determinism control finds it), measure (always), off (fail as not deterministic); "
+            "the marker's noise= wins",
+            "auto",
+            _choice(NOISE),
+            choices=NOISE,
+        ),
+        Option(
+            "noise_runs",
+            "uninterrupted runs that measure the noise (the uninterrupted run and its "
+            "controls), at least 2",
+            2,
+            parse_noise_runs,
+        ),
+        Option(
+            "strict_abstain",
+            "fail, instead of skipping, a test whose trajectory could not be judged within the "
+            "measured noise (abstained)",
+            False,
+            parse_bool,
+            flag=True,
+        ),
+        Option(
             "rng_mutation",
             "run the teeth check (one extra resumed launch with every RNG stream mutated): "
             "true (default) or false; the marker's rng_mutation= wins",
@@ -218,7 +260,7 @@ def resolve_session(config: Any, env: Optional[Mapping[str, str]] = None) -> Ses
     return SessionSettings(values, "; ".join(errors) or None)
 
 
-MARKER_OPTIONS = ("timeout", "rng_mutation")
+MARKER_OPTIONS = ("timeout", "rng_mutation", "tolerance", "noise")
 """Options a marker may set for its test (the top layer of the precedence)."""
 
 
@@ -238,6 +280,10 @@ class TestSettings:
     strict_latent: bool
     launcher: str
     slurm_args: tuple[str, ...]
+    tolerance: Tolerance
+    noise: str
+    noise_runs: int
+    strict_abstain: bool
     rng_mutation: bool
     sources: dict[str, str]
 

@@ -1,4 +1,5 @@
-"""Read and validate signature files (JSON lines written by `rank/record.py`).
+"""Read and validate signature files (JSON lines written by `rank/record.py`, laid out as
+`rank/layout.py` declares them).
 
 Only JSON is read back; nothing here unpickles. Every problem is raised as a
 `SignatureError` that names the file and line, so a corrupted run is a clear failure.
@@ -11,11 +12,21 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .rank.layout import READABLE_SIGNATURE_VERSIONS, SIGNATURE_FORMAT, signature_path
-
-AUDIT_SECTIONS = ("rng", "watch")
-"""Automatic sections of a step record; read back as keys `rng:<stream>` / `watch:<obj.section>`
-beside the user's keys (which are Python identifiers, so they cannot collide)."""
+from .rank.layout import (
+    END,
+    IGNORED,
+    PREFLIGHT,
+    READABLE_SIGNATURE_VERSIONS,
+    RESTORE,
+    RESUME_POINT,
+    SIGNATURE_FORMAT,
+    STEP,
+    VALUES,
+    audit_key,
+    line_kind,
+    section_names,
+    signature_path,
+)
 
 
 class SignatureError(Exception):
@@ -38,6 +49,8 @@ class Signature:
     uninterrupted run (rank/resume_point.py)."""
     ignored: list[str] = field(default_factory=list)
     """Audit names the trainer left out on purpose (`track(..., ignore=True)`)."""
+    preflight: Optional[dict[str, Any]] = None
+    """The determinism knobs as the training set them (rank/preflight.py)."""
 
     def resume_point(self, split: int) -> Optional[dict[str, Any]]:
         return next((p for p in self.resume_points if p.get("split") == split), None)
@@ -97,22 +110,25 @@ def _header(path: str, line: str) -> dict[str, Any]:
 def _read_line(signature: Signature, lineno: int, line: str) -> None:
     path = signature.path
     obj = _parse(path, lineno, line)
-    if "end" in obj:
+    kind = line_kind(obj)
+    if kind == END:
         signature.complete = True
-    elif "restore" in obj:
-        signature.restores.append(_object(path, lineno, obj, "restore"))
-    elif "resume_point" in obj:
-        signature.resume_points.append(_object(path, lineno, obj, "resume_point"))
-    elif "ignored" in obj:
-        signature.ignored += [str(name) for name in obj["ignored"]]
+    elif kind == RESTORE:
+        signature.restores.append(_object(path, lineno, obj, RESTORE))
+    elif kind == RESUME_POINT:
+        signature.resume_points.append(_object(path, lineno, obj, RESUME_POINT))
+    elif kind == IGNORED:
+        signature.ignored += [str(name) for name in obj[IGNORED]]
+    elif kind == PREFLIGHT:
+        signature.preflight = _object(path, lineno, obj, PREFLIGHT)
     else:
-        step, values = obj.get("step"), obj.get("values")
+        step, values = obj.get(STEP), obj.get(VALUES)
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(values, dict):
             raise SignatureError(f"{path}: line {lineno} is not a step record: {line[:120]}")
-        for section in AUDIT_SECTIONS:
-            values.update(
-                {f"{section}:{k}": v for k, v in _object(path, lineno, obj, section, {}).items()}
-            )
+        # the automatic sections beside the user's keys (identifiers: they cannot collide)
+        for section in section_names():
+            entries = _object(path, lineno, obj, section, {})
+            values.update({audit_key(section, k): v for k, v in entries.items()})
         signature.steps.append((step, values))
 
 
@@ -173,7 +189,7 @@ class StepWatcher:
                     obj = json.loads(line)
                 except ValueError:
                     continue
-                step = obj.get("step") if isinstance(obj, dict) else None
+                step = obj.get(STEP) if isinstance(obj, dict) else None
                 if isinstance(step, int) and not isinstance(step, bool):
                     last = self.last[rank]
                     self.last[rank] = step if last is None else max(last, step)

@@ -6,10 +6,7 @@ import os
 
 import pytest
 
-from pytest_resume_equiv.rank import context as context_module
-from pytest_resume_equiv.rank import record as record_module
-from pytest_resume_equiv.rank import watch as watch_module
-from pytest_resume_equiv.rank.context import LaunchContext
+from pytest_resume_equiv.rank.context import LaunchContext, current, reset
 from pytest_resume_equiv.rank.layout import CONTEXT_ENV
 
 
@@ -75,30 +72,25 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture
 def in_rank(tmp_path, monkeypatch):
-    """Make this process look like rank `rank` of a launch, so record() writes a signature."""
+    """Make this process look like rank `rank` of a launch, so record() writes a signature:
+    a fresh rank state (`rank.context.reset`) made from the run context set in the
+    environment; each call closes the previous one's signature and starts another."""
 
     def enter(phase="uninterrupted", rank=0, world_size=1, split=3, steps=6, run_dir=None):
         run_dir = str(run_dir or tmp_path / phase)
-        record_module.close()
-        monkeypatch.setattr(record_module, "_writer", None)
-        monkeypatch.setattr(context_module, "_looked", False)
-        monkeypatch.setattr(context_module, "_cached", None)
-        # what an earlier test in this process watched is not this rank's
-        monkeypatch.setattr(watch_module, "_watched", {})
-        monkeypatch.setattr(watch_module, "_seen", {})
+        current().close()
         launch = LaunchContext(phase, run_dir, steps=steps, split=split, splits=(split,))
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("LOCAL_RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world_size))
+        reset()
         return run_dir
 
     yield enter
-    record_module.close()
-    context_module._looked = False
-    context_module._cached = None
-    record_module._writer = None
+    current().close()
     os.environ.pop(CONTEXT_ENV, None)
+    reset()  # no longer a rank: every call is a no-op again
 
 
 @pytest.fixture

@@ -7,37 +7,46 @@ import pytest
 import torch
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank import rng, watch
+from pytest_resume_equiv.rank import rng
+from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.fingerprint import content_hash, device_digest
 
 
+def audit_streams():
+    return rng.streams(current().generators)
+
+
+def watched():
+    return current().watched.audit()
+
+
 @pytest.fixture
-def tracking(monkeypatch, in_rank):
+def tracking(in_rank):
+    """A rank whose generators are registered as they are made (what the bootstrap installs)."""
     in_rank()
-    monkeypatch.setattr(rng, "_generators", [])
     real = torch.Generator
-    rng.install()
+    current().generators.install(lambda generator, call: None)
     yield
-    torch.Generator = real
-    rng._installed = False
+    current().generators.uninstall()
+    assert torch.Generator is real
 
 
 def test_generators_are_named_by_creation_site(tracking):
     g = torch.Generator().manual_seed(1)  # this line is the site
     line = test_generators_are_named_by_creation_site.__code__.co_firstlineno + 1
     other = torch.Generator().manual_seed(2)
-    streams = rng.audit()
+    streams = audit_streams()
     assert f"generator test_audit.py:{line} #0" in " ".join(streams) or any(
         k.endswith(f"test_audit.py:{line} #0") for k in streams
     )
     assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
     before = dict(streams)
     torch.randn(3, generator=g)
-    after = rng.audit()
+    after = audit_streams()
     changed = [k for k in after if after[k] != before.get(k)]
     assert len(changed) == 1 and changed[0].startswith("generator ")
     req.track(other, name="sampler")
-    assert "generator sampler" in rng.audit()
+    assert "generator sampler" in audit_streams()
 
 
 def test_live_ordinals_ignore_dead_generators(tracking):
@@ -47,26 +56,26 @@ def test_live_ordinals_ignore_dead_generators(tracking):
     first = make()
     del first
     second = make()  # noqa: F841 - kept alive on purpose
-    keys = [k for k in rng.audit() if k.startswith("generator ")]
+    keys = [k for k in audit_streams() if k.startswith("generator ")]
     assert len(keys) == 1 and keys[0].endswith(" #0")
 
 
 def test_host_streams_and_numpy_position(tracking):
     rng.seed_host_streams(0)
-    start = rng.audit()
+    start = audit_streams()
     np.random.rand()  # moves the position only; the key array is unchanged until 624 draws
-    assert rng.audit()["numpy"] != start["numpy"]
+    assert audit_streams()["numpy"] != start["numpy"]
     random.random()
-    assert rng.audit()["python"] != start["python"]
+    assert audit_streams()["python"] != start["python"]
     torch.rand(1)
-    assert rng.audit()["cpu"] != start["cpu"]
+    assert audit_streams()["cpu"] != start["cpu"]
 
 
 def test_mutate_moves_every_stream(tracking):
     g = torch.Generator().manual_seed(3)
-    before = rng.audit()
-    rng.mutate()
-    after = rng.audit()
+    before = audit_streams()
+    rng.mutate(current().generators)
+    after = audit_streams()
     assert all(after[k] != before[k] for k in before), [k for k in before if after[k] == before[k]]
     del g
 
@@ -78,35 +87,32 @@ def test_watch_sections(in_rank):
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
     req.watch(model=model, optimizer=opt, scheduler=sched)
-    try:
-        model(torch.randn(4, 2)).sum().backward()
-        opt.step()
-        sched.step()
-        model[1].eval()
-        audit = watch.audit()
-        assert set(audit) == {
-            "model.params",
-            "model.buffers",
-            "model.modes",
-            "optimizer.lr",
-            "optimizer.hyper",
-            "optimizer.state",
-            "optimizer.params",
-            "scheduler.last_lr",
-            "scheduler.last_epoch",
-        }
-        assert audit["model.modes"] == ["1"]
-        assert set(audit["optimizer.state"]["model.0.weight"]) == {"exp_avg", "exp_avg_sq", "step"}
-        assert audit["optimizer.lr"][0]["repr"] == "0.05"
-        assert audit["scheduler.last_epoch"] == 1
-        assert audit["model.params"]["0.weight"]["hash"] == content_hash(model[0].weight)
-    finally:
-        watch._watched.clear()
+    model(torch.randn(4, 2)).sum().backward()
+    opt.step()
+    sched.step()
+    model[1].eval()
+    audit = watched()
+    assert set(audit) == {
+        "model.params",
+        "model.buffers",
+        "model.modes",
+        "optimizer.lr",
+        "optimizer.hyper",
+        "optimizer.state",
+        "optimizer.params",
+        "scheduler.last_lr",
+        "scheduler.last_epoch",
+    }
+    assert audit["model.modes"] == ["1"]
+    assert set(audit["optimizer.state"]["model.0.weight"]) == {"exp_avg", "exp_avg_sq", "step"}
+    assert audit["optimizer.lr"][0]["repr"] == "0.05"
+    assert audit["scheduler.last_epoch"] == 1
+    assert audit["model.params"]["0.weight"]["hash"] == content_hash(model[0].weight)
 
 
 def test_watch_is_a_noop_outside_a_run():
     req.watch(model=torch.nn.Linear(1, 1))
-    assert watch._watched == {}
+    assert current().context is None and current().watched.objects == {}
 
 
 def test_device_digest_is_exact_and_order_sensitive():
@@ -130,14 +136,11 @@ def test_a_loader_is_audited_by_the_parts_a_resume_must_carry(in_rank):
     sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
     loader = DataLoader(data, batch_size=2, sampler=sampler, generator=torch.Generator())
     req.watch(loader=loader)
-    try:
-        sampler.set_epoch(2)
-        audit = watch.audit()
-        assert audit["loader.epoch"] == {"sampler.epoch": 2, "sampler.seed": 3}
-        assert set(audit["loader.generator"]) == {"loader"}
-        assert "loader.position" not in audit  # a plain DataLoader has no position to read
-    finally:
-        watch._watched.clear()
+    sampler.set_epoch(2)
+    audit = watched()
+    assert audit["loader.epoch"] == {"sampler.epoch": 2, "sampler.seed": 3}
+    assert set(audit["loader.generator"]) == {"loader"}
+    assert "loader.position" not in audit  # a plain DataLoader has no position to read
 
 
 def test_a_stateful_loader_is_audited_with_its_position_and_workers(in_rank):
@@ -145,15 +148,12 @@ def test_a_stateful_loader_is_audited_with_its_position_and_workers(in_rank):
     in_rank()
     loader = stateful.StatefulDataLoader(list(range(8)), batch_size=2, shuffle=True)
     req.watch(loader=loader)
-    try:
-        batches = iter(loader)
-        next(batches)
-        first = watch.audit()
-        next(batches)
-        second = watch.audit()
-        assert first["loader.position"]["batches yielded"] == 1
-        assert second["loader.position"]["batches yielded"] == 2
-        assert second["loader.position"]["samples yielded"] == 4
-        assert "saved sampler iterator" in second["loader.generator"]
-    finally:
-        watch._watched.clear()
+    batches = iter(loader)
+    next(batches)
+    first = watched()
+    next(batches)
+    second = watched()
+    assert first["loader.position"]["batches yielded"] == 1
+    assert second["loader.position"]["batches yielded"] == 2
+    assert second["loader.position"]["samples yielded"] == 4
+    assert "saved sampler iterator" in second["loader.generator"]

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from pytest_resume_equiv.compare import compare_runs
+from pytest_resume_equiv.compare import compare_runs, format_comparison
 from pytest_resume_equiv.rank.encode import encode
-from pytest_resume_equiv.report import format_comparison
 from pytest_resume_equiv.signature import Signature
 from pytest_resume_equiv.step_problems import step_ranges
 from pytest_resume_equiv.values import readable

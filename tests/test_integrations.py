@@ -174,7 +174,7 @@ def test_watching_an_accelerator_watches_what_save_state_saves(in_rank, monkeypa
 
     import pytest_resume_equiv as req
     from pytest_resume_equiv.integrations.accelerate import checkpointed_objects
-    from pytest_resume_equiv.rank import watch
+    from pytest_resume_equiv.rank.context import current
 
     class Counter:
         def __init__(self):
@@ -192,7 +192,7 @@ def test_watching_an_accelerator_watches_what_save_state_saves(in_rank, monkeypa
         monkeypatch.delenv(name)
     accelerator = Accelerator(cpu=True)
     req.watch(accelerator=accelerator)
-    assert watch.audit() == {}  # nothing prepared yet
+    assert current().watched.audit() == {}  # nothing prepared yet
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
@@ -203,10 +203,10 @@ def test_watching_an_accelerator_watches_what_save_state_saves(in_rank, monkeypa
     assert list(objects) == ["model", "optimizer", "scheduler", "checkpointed"]
     assert type(objects["optimizer"]) is torch.optim.SGD  # accelerate's wrapper unwrapped
     assert objects["scheduler"] is scheduler.scheduler and objects["checkpointed"] is counter
-    audit = watch.audit()
+    audit = current().watched.audit()
     assert {"model.params", "optimizer.lr", "scheduler.last_lr", "checkpointed.state"} <= set(audit)
     counter.n = 3
-    assert watch.audit()["checkpointed.state"] == {"n": 3}
+    assert current().watched.audit()["checkpointed.state"] == {"n": 3}
 
 
 def test_code_that_runs_in_ranks_never_imports_pytest():

@@ -1,5 +1,5 @@
-"""The Judge's handlers, one finished launch at a time, on signatures written by hand: what
-each result means and which launches follow from it (no scheduler, no processes)."""
+"""The judge and its checks, one finished launch at a time, on signatures written by hand:
+what each result means and which launches follow from it (no scheduler, no processes)."""
 
 import os
 
@@ -7,8 +7,8 @@ import pytest
 from plan_helpers import plan_for
 
 from pytest_resume_equiv.errors import ResumeEquivError
+from pytest_resume_equiv.judge import LaunchFailed
 from pytest_resume_equiv.launch import LaunchResult
-from pytest_resume_equiv.orchestrate import LaunchFailed
 from pytest_resume_equiv.outcomes import RankOutcome
 
 
@@ -42,7 +42,7 @@ def result_of(planned, ok=True, killed_after_step=0):
 
 
 def judge_for(tmp_path, **marker):
-    from pytest_resume_equiv.orchestrate import Judge
+    from pytest_resume_equiv.judge import Judge
 
     settings, plan = plan_of(tmp_path, **marker)
     recorder = Recorder()
@@ -51,95 +51,135 @@ def judge_for(tmp_path, **marker):
     return judge, plan, recorder
 
 
+def done(judge, planned, **result):
+    """`planned` finished: the judge dispatches it to the checks that wait for it."""
+    judge.on_done(FakeJob(planned), result_of(planned, **result))
+
+
 def finish_uninterrupted(judge, plan, rng=lambda step, rank: f"s{step}"):
     from plan_helpers import write_run
 
-    full = plan.uninterrupted[0]
+    full = plan.by_role("uninterrupted")[0]
     write_run(full.spec.run_dir, range(1, 7), rng=rng)
-    for planned in plan.all_launches:
+    for planned in plan.launches:
         if planned.checkpoint:
             os.makedirs(planned.checkpoint, exist_ok=True)
-    judge.on_uninterrupted_done(full, result_of(full))
+    done(judge, full)
 
 
-def test_on_uninterrupted_done_skips_the_teeth_check_when_no_stream_moves(tmp_path):
+def verdicts(judge):
+    return judge.conclude().verdicts
+
+
+def teeth(judge):
+    return judge.conclude().teeth
+
+
+def test_the_teeth_check_is_skipped_when_no_stream_moves(tmp_path):
     judge, plan, recorder = judge_for(tmp_path)
     finish_uninterrupted(judge, plan, rng=lambda step, rank: "still")
     assert recorder.cancelled == ["teeth-split3"]
-    assert judge.outcome.teeth.status == "skipped"
+    assert teeth(judge).status == "skipped"
 
 
-def test_on_uninterrupted_done_names_a_checkpoint_that_was_not_written(tmp_path):
+def test_a_checkpoint_that_was_not_written_is_named_with_what_was(tmp_path):
     from plan_helpers import write_run
 
     judge, plan, _ = judge_for(tmp_path)
-    full = plan.uninterrupted[0]
+    full = plan.by_role("uninterrupted")[0]
     write_run(full.spec.run_dir, range(1, 7))
     os.makedirs(os.path.join(full.spec.run_dir, "ckpt-elsewhere"))
     with pytest.raises(ResumeEquivError) as info:
-        judge.on_uninterrupted_done(full, result_of(full))
+        done(judge, full)
     assert "the uninterrupted run did not save a checkpoint at " in str(info.value)
     assert str(info.value).endswith("Its run directory holds: ckpt-elsewhere")
 
 
-def test_on_resumed_done_compares_and_asks_for_one_control_per_uninterrupted_launch(tmp_path):
+def test_a_diverged_resume_asks_for_one_control_per_uninterrupted_launch(tmp_path):
     from plan_helpers import write_run
 
     judge, plan, recorder = judge_for(tmp_path, split=[2, 3])
     finish_uninterrupted(judge, plan)
-    for resumed in plan.resumed:
-        write_run(resumed.spec.run_dir, range(resumed.splits[0] + 1, 7), loss=lambda s, r: s)
-        judge.on_resumed_done(resumed, result_of(resumed))
-    assert [v.split for v in judge.outcome.verdicts] == [2, 3]
-    assert not any(v.comparison.equal for v in judge.outcome.verdicts)
-    assert judge.outcome.verdicts[0].diagnosis is not None
+    for resumed in plan.by_role("resumed"):
+        write_run(resumed.spec.run_dir, range(resumed.split + 1, 7), loss=lambda s, r: s)
+        done(judge, resumed)
+    assert [v.split for v in verdicts(judge)] == [2, 3]
+    assert not any(v.comparison.equal for v in verdicts(judge))
+    assert verdicts(judge)[0].diagnosis is not None
     assert recorder.added == ["uninterrupted-control"]  # once, not once per split
-    assert recorder.cancelled == ["teeth-split2"] and judge.outcome.teeth.status == "cancelled"
+    assert recorder.cancelled == ["teeth-split2"] and teeth(judge).status == "cancelled"
 
 
-def test_on_resumed_done_equal_needs_no_control(tmp_path):
+def test_an_equal_resume_needs_no_control(tmp_path):
     from plan_helpers import write_run
 
     judge, plan, recorder = judge_for(tmp_path)
     finish_uninterrupted(judge, plan)
-    (resumed,) = plan.resumed
+    (resumed,) = plan.by_role("resumed")
     write_run(resumed.spec.run_dir, range(4, 7))
-    judge.on_resumed_done(resumed, result_of(resumed))
-    assert judge.outcome.resume_equal and recorder.added == [] and recorder.cancelled == []
+    done(judge, resumed)
+    assert judge.conclude().resume_equal and recorder.added == [] and recorder.cancelled == []
 
 
 @pytest.mark.parametrize(("values_change", "status"), [(True, "passed"), (False, "failed")])
-def test_on_teeth_done_judges_whether_the_test_has_teeth(tmp_path, values_change, status):
+def test_the_teeth_check_judges_whether_the_test_has_teeth(tmp_path, values_change, status):
     from plan_helpers import write_run
 
     judge, plan, _ = judge_for(tmp_path)
     finish_uninterrupted(judge, plan)
     loss = (lambda s, r: s * 3) if values_change else None
-    write_run(plan.teeth.spec.run_dir, range(4, 7), loss=loss)
-    judge.on_teeth_done(plan.teeth, result_of(plan.teeth))
-    assert judge.outcome.teeth.status == status
+    (launch,) = plan.by_role("teeth")
+    write_run(launch.spec.run_dir, range(4, 7), loss=loss)
+    done(judge, launch)
+    assert teeth(judge).status == status
 
 
-def test_on_control_done_tells_nondeterministic_training_apart(tmp_path):
+@pytest.mark.parametrize("noise", ["off", "auto"])
+def test_the_determinism_control_tells_nondeterministic_training_apart(tmp_path, noise):
+    """With noise="off" a control that differs fails the test as not deterministic; with
+    "auto" it measures the noise (only numbers drift here) for the resumes to be judged in."""
+    from plan_helpers import write_run
+
+    from pytest_resume_equiv.noise import NoiseFacts
+
+    judge, plan, _ = judge_for(tmp_path, noise=noise)
+    finish_uninterrupted(judge, plan)
+    (control,) = plan.by_role("control")
+    write_run(control.spec.run_dir, range(1, 7), loss=lambda s, r: s / 2 + 0.25)
+    done(judge, control)
+    outcome = judge.conclude()
+    (verdict,) = [v for v in outcome.checks if v.check == "control"]
+    (measured,) = [f for f in verdict.facts if isinstance(f, NoiseFacts)]
+    assert measured.at(0, "loss", 1) == 0.25 and measured.unjudgeable == []
+    if noise == "off":
+        assert outcome.nondeterministic is not None and verdict.failed
+    else:
+        assert outcome.nondeterministic is None and verdict.status == "passed"
+        assert "the uninterrupted run does not reproduce itself bitwise" in verdict.why
+
+
+def test_a_control_that_differs_in_what_no_noise_explains_is_not_deterministic(tmp_path):
+    """An RNG stream (or an int, a string) that differs between uninterrupted runs cannot
+    drift by noise: the old verdict, whatever the noise setting."""
     from plan_helpers import write_run
 
     judge, plan, _ = judge_for(tmp_path)
     finish_uninterrupted(judge, plan)
-    control = plan.controls["uninterrupted"]
-    write_run(control.spec.run_dir, range(1, 7), loss=lambda s, r: s + 0.25)
-    judge.on_control_done(control, result_of(control))
-    assert judge.outcome.nondeterministic is not None
+    (control,) = plan.by_role("control")
+    write_run(control.spec.run_dir, range(1, 7), rng=lambda step, rank: f"other{step}")
+    done(judge, control)
+    assert judge.conclude().nondeterministic is not None
 
 
-def test_on_done_turns_a_failed_launch_into_launch_failed_with_its_role_and_cause(tmp_path):
+def test_a_failed_launch_is_launch_failed_with_its_role_and_cause(tmp_path):
     judge, plan, _ = judge_for(tmp_path, interrupt="kill")
-    (first,) = plan.interrupted
-    os.makedirs(plan.resumed[0].checkpoint)
-    judge.on_done(FakeJob(first), result_of(first, ok=False, killed_after_step=4))
-    assert judge.killed_after == {"interrupted-split3": 4}
-    (resumed,) = plan.resumed
+    (first,) = plan.by_role("interrupted")
+    (resumed,) = plan.by_role("resumed")
+    os.makedirs(resumed.checkpoint)
+    done(judge, first, ok=False, killed_after_step=4)
+    assert judge.result(first).killed_after_step == 4
     with pytest.raises(LaunchFailed) as info:
-        judge.on_done(FakeJob(resumed), result_of(resumed, ok=False))
+        done(judge, resumed, ok=False)
     assert info.value.role == "resumed"
     assert "SIGKILLed once every rank had recorded step 4" in info.value.note
 
@@ -152,7 +192,7 @@ class FakeJob:
 def test_a_run_in_which_nothing_trains_is_warned_about(tmp_path):
     from plan_helpers import write_run
 
-    from pytest_resume_equiv.orchestrate import nothing_trains
+    from pytest_resume_equiv.checks.resume import nothing_trains
     from pytest_resume_equiv.signature import read_run
 
     write_run(tmp_path / "flat", range(1, 5), loss=lambda s, r: 1.0)
@@ -171,17 +211,17 @@ def test_a_broken_chain_link_runs_a_direct_resume_to_tell_the_checkpoint_from_th
 
     judge, plan, recorder = judge_for(tmp_path, split=[2, 4], chain=True)
     finish_uninterrupted(judge, plan)
-    first, second = plan.resumed
+    first, second = plan.by_role("resumed")
     write_run(first.spec.run_dir, range(3, 7))
     os.makedirs(second.checkpoint, exist_ok=True)
-    judge.on_resumed_done(first, result_of(first))
+    done(judge, first)
     write_run(second.spec.run_dir, range(5, 7), loss=lambda s, r: s)
-    judge.on_resumed_done(second, result_of(second))
+    done(judge, second)
     assert recorder.added == ["resumed-split4-direct", "uninterrupted-control"]
-    direct = plan.direct[second.name]
+    direct = plan.named("resumed-split4-direct")
     write_run(direct.spec.run_dir, range(5, 7), loss=(lambda s, r: s) if direct_diverges else None)
-    judge.on_direct_done(direct, result_of(direct))
-    report = format_outcome(judge.outcome, "kept")
+    done(judge, direct)
+    report = format_outcome(judge.conclude(), "kept")
     assert "the chain broke at link 2 of 2 (resumed from step 4); link 1 matched" in report
     if direct_diverges:
         assert "diverges too (step 5, rank 0, 'loss'): the load path fails" in report
@@ -195,17 +235,21 @@ def test_a_broken_chain_link_runs_a_direct_resume_to_tell_the_checkpoint_from_th
 def test_a_resume_on_another_topology_is_judged_against_the_envelope(tmp_path):
     from plan_helpers import write_run
 
+    from pytest_resume_equiv.envelope import TopologyFacts
+
     judge, plan, _ = judge_for(tmp_path, nproc=2, resume_nproc=1)
-    full, (other,), (resumed,) = plan.uninterrupted[0], plan.topology, plan.resumed
+    (full,), (other,) = plan.by_role("uninterrupted"), plan.by_role("topology")
+    (resumed,) = plan.by_role("resumed")
     ids = lambda s, r: [2 * s + r]  # noqa: E731
     write_run(full.spec.run_dir, range(1, 7), world_size=2, ids=ids)
     os.makedirs(resumed.checkpoint, exist_ok=True)
-    judge.on_uninterrupted_done(full, result_of(full))
+    done(judge, full)
     write_run(other.spec.run_dir, range(1, 7), loss=lambda s, r: s / 2 + 1e-6, ids=ids)
-    judge.on_topology_done(other, result_of(other))
+    done(judge, other)
     both = lambda s, r: [2 * s, 2 * s + 1]  # noqa: E731
     write_run(resumed.spec.run_dir, range(4, 7), ids=both)
-    judge.on_resumed_done(resumed, result_of(resumed))
-    (verdict,) = judge.outcome.verdicts
-    assert verdict.comparison.equal and verdict.topology.data_exact
-    assert verdict.topology.envelopes[0].key == "loss"
+    done(judge, resumed)
+    (verdict,) = verdicts(judge)
+    (held,) = [f for f in verdict.every_fact if isinstance(f, TopologyFacts)]
+    assert verdict.comparison.equal and held.data_exact
+    assert held.envelopes[0].key == "loss"

@@ -12,8 +12,8 @@ import pytest
 from plan_helpers import plan_for
 
 from pytest_resume_equiv.errors import ResumeEquivError
+from pytest_resume_equiv.judge import LaunchFailed, run_plan
 from pytest_resume_equiv.launch import LaunchResult
-from pytest_resume_equiv.orchestrate import LaunchFailed, run_plan
 from pytest_resume_equiv.outcomes import RankOutcome
 from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
 from pytest_resume_equiv.rank.template import fill
@@ -207,7 +207,7 @@ def test_missing_checkpoint_is_reported_before_any_resumed_launch_runs(tmp_path)
     def no_checkpoint(self):
         result = original(self)
         if result is not None and self.name == "uninterrupted":
-            os.rmdir(plan.resumed[0].checkpoint)
+            os.rmdir(plan.by_role("resumed")[0].checkpoint)
         return result
 
     FakeLaunch.poll = no_checkpoint

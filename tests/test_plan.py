@@ -14,6 +14,10 @@ def train(ctx):
     """A module-level function, as function mode needs."""
 
 
+def teeth_check(plan):
+    return next(c for c in plan.checks if c.kind == "teeth")
+
+
 def build(
     tmp_path, command, checkpoint="{run_dir}/checkpoints/step_{split}", resume_args=(), **marker
 ):
@@ -36,8 +40,8 @@ def test_command_mode_placeholders(tmp_path):
         checkpoint="{run_dir}/ckpt/{split}",
         resume_args=["--resume={checkpoint}"],
     )
-    (base,) = plan.uninterrupted
-    (resumed,) = plan.resumed
+    (base,) = plan.by_role("uninterrupted")
+    (resumed,) = plan.by_role("resumed")
     base_dir, res_dir = str(tmp_path / "uninterrupted"), str(tmp_path / "resumed-split3")
     assert base.spec.target.kind == "module" and base.spec.target.name == "trainer"
     assert base.spec.target.args == (
@@ -56,24 +60,24 @@ def test_command_mode_placeholders(tmp_path):
 
 def test_splits_share_a_baseline_unless_the_command_uses_split(tmp_path):
     shared = build(tmp_path, ["t.py", "--save-at={splits}"], split=[2, 4])
-    assert [b.spec.name for b in shared.uninterrupted] == ["uninterrupted"]
-    assert [r.spec.name for r in shared.resumed] == ["resumed-split2", "resumed-split4"]
-    assert shared.uninterrupted[0].spec.target.args == ("--save-at=2,4",)
-    assert [r.checkpoint for r in shared.resumed] == [
+    assert [b.spec.name for b in shared.by_role("uninterrupted")] == ["uninterrupted"]
+    assert [r.spec.name for r in shared.by_role("resumed")] == ["resumed-split2", "resumed-split4"]
+    assert shared.by_role("uninterrupted")[0].spec.target.args == ("--save-at=2,4",)
+    assert [r.checkpoint for r in shared.by_role("resumed")] == [
         os.path.join(str(tmp_path), "uninterrupted", "checkpoints", f"step_{s}") for s in (2, 4)
     ]
 
     separate = build(tmp_path, ["t.py", "--save-every={split}"], split=[2, 4])
-    assert [b.spec.name for b in separate.uninterrupted] == [
+    assert [b.spec.name for b in separate.by_role("uninterrupted")] == [
         "uninterrupted-split2",
         "uninterrupted-split4",
     ]
-    assert separate.resumed[1].uninterrupted is separate.uninterrupted[1]
+    assert separate.by_role("resumed")[1].reference is separate.by_role("uninterrupted")[1]
 
 
 def test_function_mode(tmp_path):
     plan = build(tmp_path, train, nproc=1)
-    target = plan.uninterrupted[0].spec.target
+    target = plan.by_role("uninterrupted")[0].spec.target
     assert target.kind == "call" and target.name == f"{__name__}:train"
     assert os.path.exists(os.path.join(target.pythonpath[0], *__name__.split(".")) + ".py")
     with pytest.raises(ResumeEquivError, match="resume_args= applies to command mode only"):
@@ -144,8 +148,8 @@ def test_literal_braces_stay_literal_in_every_template(tmp_path):
         checkpoint="{run_dir}/ckpt/{{split}}/{split}",
         resume_args=["--from={checkpoint}", "--literal={{checkpoint}}"],
     )
-    (base,) = plan.uninterrupted
-    (resumed,) = plan.resumed
+    (base,) = plan.by_role("uninterrupted")
+    (resumed,) = plan.by_role("resumed")
     base_dir = str(tmp_path / "uninterrupted")
     assert base.spec.target.args == ("--tag={split}-3",)
     assert resumed.checkpoint == f"{base_dir}/ckpt/{{split}}/3"
@@ -169,7 +173,7 @@ def test_the_uninterrupted_identity_ignores_the_timeout_and_the_test_directory(t
         plan = plan_for(
             root, ["t.py", "--steps={steps}"], shared_root=str(tmp_path / "s"), **marker
         )[1]
-        (launch,) = plan.uninterrupted
+        (launch,) = plan.by_role("uninterrupted")
         assert launch.shared and launch.spec.run_dir.startswith(str(tmp_path / "s"))
         return os.path.basename(launch.spec.run_dir)
 
@@ -179,38 +183,55 @@ def test_the_uninterrupted_identity_ignores_the_timeout_and_the_test_directory(t
     assert key(tmp_path / "d", steps=7) != base
     assert key(tmp_path / "e", nproc=1) != base
     settings, plan = plan_for(tmp_path / "f", ["t.py"], shared_root=str(tmp_path / "s"))
-    spec = plan.uninterrupted[0].spec
+    spec = plan.by_role("uninterrupted")[0].spec
     assert launch_key(spec, str(tmp_path / "f")) == launch_key(spec, str(tmp_path / "f"))
 
 
 def test_plan_roles_controls_and_teeth(tmp_path):
     plan = build(tmp_path, train, split=[2, 5])
-    assert [p.role for p in plan.all_launches] == [
+    # those that load no checkpoint first; the control only runs when a check asks
+    assert [p.role for p in plan.launches] == [
         "uninterrupted",
+        "control",
         "resumed",
         "resumed",
         "teeth",
-        "control",
+        "repeat",
+        "repeat",
     ]
-    assert plan.teeth.name == "teeth-split2" and plan.teeth.spec.context.phase == "teeth"
-    assert plan.controls["uninterrupted"].uninterrupted is plan.uninterrupted[0]
-    assert plan.controls["uninterrupted"].spec.context.phase == "uninterrupted"
-    assert build(tmp_path, train, split=5).teeth_off.startswith("needs steps >= split + 2")
+    # a control and the resumed-process repeats run only when a check asks for them
+    assert [p.name for p in plan.launches if p.on_demand] == [
+        "uninterrupted-control",
+        "resumed-split2-repeat",
+        "resumed-split5-repeat",
+    ]
+    (teeth,) = plan.by_role("teeth")
+    assert teeth.name == "teeth-split2" and teeth.spec.context.phase == "teeth"
+    (control,) = plan.by_role("control")
+    assert control.reference is plan.by_role("uninterrupted")[0]
+    assert control.spec.context.phase == "uninterrupted"
+    assert teeth_check(build(tmp_path, train, split=5)).off.startswith("needs steps >= split + 2")
     off = build(tmp_path, train, rng_mutation=False)
-    assert off.teeth is None and off.teeth_off == (
+    assert off.by_role("teeth") == [] and teeth_check(off).off == (
         "rng_mutation=False from marker @resume_equivalent(rng_mutation=...)"
     )
 
 
 def test_interrupt_modes_plan_a_first_launch_per_split(tmp_path):
     stop = build(tmp_path, train, interrupt="stop", split=[2, 4])
-    assert [p.name for p in stop.interrupted] == ["interrupted-split2", "interrupted-split4"]
-    assert [p.spec.context.steps for p in stop.interrupted] == [2, 4]
-    assert stop.resumed[1].source is stop.interrupted[1]
-    assert stop.resumed[1].uninterrupted is stop.uninterrupted[0]
-    assert "/interrupted-split4/" in stop.resumed[1].checkpoint
+    assert [p.name for p in stop.by_role("interrupted")] == [
+        "interrupted-split2",
+        "interrupted-split4",
+    ]
+    assert [p.spec.context.steps for p in stop.by_role("interrupted")] == [2, 4]
+    assert stop.by_role("resumed")[1].source is stop.by_role("interrupted")[1]
+    assert stop.by_role("resumed")[1].reference is stop.by_role("uninterrupted")[0]
+    assert "/interrupted-split4/" in stop.by_role("resumed")[1].checkpoint
     kill = build(tmp_path, train, interrupt="kill")
-    assert kill.interrupted[0].kill_after == 4 and kill.interrupted[0].spec.context.steps == 6
+    assert (
+        kill.by_role("interrupted")[0].kill_after == 4
+        and kill.by_role("interrupted")[0].spec.context.steps == 6
+    )
 
 
 @pytest.mark.parametrize(
@@ -236,27 +257,32 @@ def test_a_rolling_checkpoint_path_is_warned_about_before_the_launches(
 
 def test_a_chain_resumes_each_link_from_the_checkpoint_the_link_before_saved(tmp_path):
     plan = build(tmp_path, train, steps=8, split=[2, 4, 6], chain=True)
-    links = plan.resumed
+    links = plan.by_role("resumed")
     assert [p.link for p in links] == [1, 2, 3]
-    assert links[0].source is plan.uninterrupted[0]
+    assert links[0].source is plan.by_role("uninterrupted")[0]
     assert links[1].source is links[0] and links[2].source is links[1]
     assert [p.spec.context.save_at for p in links] == [(4,), (6,), ()]
     assert links[1].checkpoint == os.path.join(links[0].spec.run_dir, "checkpoints", "step_4")
     # each link saves into its own run directory
     assert links[0].spec.context.template_values["run_dir"] == links[0].spec.run_dir
-    assert plan.uninterrupted[0].spec.context.save_at == (2, 4, 6)
+    assert plan.by_role("uninterrupted")[0].spec.context.save_at == (2, 4, 6)
     # the direct resumes, run only when a later link diverges, load the uninterrupted run's
-    assert set(plan.direct) == {"resumed-split4", "resumed-split6"}
-    direct = plan.direct["resumed-split6"]
-    assert direct.source is plan.uninterrupted[0] and direct.role == "direct"
+    names = [p.name for p in plan.by_role("direct")]
+    assert names == ["resumed-split4-direct", "resumed-split6-direct"]
+    direct = plan.named("resumed-split6-direct")
+    assert direct.source is plan.by_role("uninterrupted")[0] and direct.role == "direct"
     assert direct.spec.context.phase == "resumed"  # ctx.resuming in the trainer
-    assert direct not in plan.launches and direct in plan.all_launches
+    assert direct not in plan.started and direct in plan.launches
 
 
 def test_without_a_chain_every_resume_loads_the_uninterrupted_checkpoint(tmp_path):
     plan = build(tmp_path, train, steps=8, split=[2, 4])
-    assert all(p.source is plan.uninterrupted[0] and p.link == 0 for p in plan.resumed)
-    assert all(p.spec.context.save_at == () for p in plan.resumed) and plan.direct == {}
+    assert all(
+        p.source is plan.by_role("uninterrupted")[0] and p.link == 0
+        for p in plan.by_role("resumed")
+    )
+    assert all(p.spec.context.save_at == () for p in plan.by_role("resumed"))
+    assert plan.by_role("direct") == []
 
 
 def test_a_chain_needs_one_uninterrupted_launch(tmp_path):
@@ -266,19 +292,24 @@ def test_a_chain_needs_one_uninterrupted_launch(tmp_path):
 
 def test_a_topology_change_plans_the_uninterrupted_run_on_the_resumed_topology(tmp_path):
     plan = build(tmp_path, train, nproc=2, resume_nproc=1)
-    (full,), (other,), (resumed,) = plan.uninterrupted, plan.topology, plan.resumed
+    (full,), (other,), (resumed,) = (
+        plan.by_role("uninterrupted"),
+        plan.by_role("topology"),
+        plan.by_role("resumed"),
+    )
     assert (full.spec.nproc, other.spec.nproc, resumed.spec.nproc) == (2, 1, 1)
     assert other.name == "uninterrupted-nproc1" and other.role == "topology"
     assert other.spec.context.save_at == ()  # nothing loads its checkpoints
-    assert resumed.envelope is other and other in resumed.needs
-    assert plan.teeth.envelope is other and plan.teeth.spec.nproc == 1
+    assert resumed.after == (other,) and other in resumed.needs
+    (teeth,) = plan.by_role("teeth")
+    assert teeth.after == (other,) and teeth.spec.nproc == 1
     assert resumed.spec.context.template_values["world_size"] == 2  # the saving launch's
     assert other.spec.context.template_values["world_size"] == 1
-    assert build(tmp_path, train, nproc=2).topology == []
+    assert build(tmp_path, train, nproc=2).by_role("topology") == []
 
 
 def test_resume_on_more_nodes(tmp_path):
     plan = build(tmp_path, train, nproc=1, nnodes=2, resume_nnodes=1, resume_nproc=2)
-    (other,) = plan.topology
+    (other,) = plan.by_role("topology")
     assert (other.spec.nproc, other.spec.nnodes) == (2, 1)
-    assert (plan.resumed[0].spec.nproc, plan.resumed[0].spec.nnodes) == (2, 1)
+    assert (plan.by_role("resumed")[0].spec.nproc, plan.by_role("resumed")[0].spec.nnodes) == (2, 1)

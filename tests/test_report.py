@@ -5,10 +5,12 @@ import json
 
 from plan_helpers import plan_for, write_run
 
-from pytest_resume_equiv.compare import compare_runs
+from pytest_resume_equiv.checks import Verdict
+from pytest_resume_equiv.checks.resume import judge_resume
+from pytest_resume_equiv.comparators import Exact, Rules
 from pytest_resume_equiv.diagnose import Diagnosis
+from pytest_resume_equiv.judge import Outcome
 from pytest_resume_equiv.launch import LaunchResult
-from pytest_resume_equiv.orchestrate import ResumeOutcome, SplitVerdict, TeethCheck
 from pytest_resume_equiv.outcomes import RankOutcome
 from pytest_resume_equiv.rank.layout import log_path
 from pytest_resume_equiv.records import RunRecord, TestRecord, report_json
@@ -34,18 +36,37 @@ def result_of(planned, ok=True, reused="", duration=1.25):
 
 
 def outcome_with(tmp_path, resumed_loss=lambda s, r: s / 2, **marker):
-    """A plan's uninterrupted and resumed launches 'ran': their signatures are on disk."""
+    """A plan's uninterrupted and resumed launches 'ran': their signatures are on disk, and
+    the resume check judged them (its diagnosis left out: each test sets the one it needs)."""
     _, plan = plan_for(tmp_path, train, nproc=1, **marker)
-    full, (resumed,) = plan.uninterrupted[0], plan.resumed
+    (full,), (resumed,) = plan.by_role("uninterrupted"), plan.by_role("resumed")
     write_run(full.spec.run_dir, range(1, 7))
     write_run(resumed.spec.run_dir, range(4, 7), loss=resumed_loss)
     base, res = read_run(full.spec.run_dir, 1), read_run(resumed.spec.run_dir, 1)
-    outcome = ResumeOutcome(plan)
+    outcome = Outcome(plan)
     outcome.launches = [result_of(full, reused="test_a.py::test_first"), result_of(resumed)]
-    cmp = compare_runs(base, res, 3, 6)
-    verdict = SplitVerdict(3, outcome.launches[1], outcome.launches[0], cmp, None, base, res)
-    outcome.verdicts = [verdict]
+    verdict = judge_resume(base, res, 3, Exact(Rules(6)), "resume", "split 3")
+    verdict.diagnosis = None
+    verdict.launch, verdict.rerun = resumed.name, outcome.launches[1].command
+    verdict.runs = {"uninterrupted": full.spec.run_dir, "resumed": resumed.spec.run_dir}
+    outcome.checks = [verdict]
     return plan, outcome
+
+
+def with_teeth(outcome, status, why, comparison=None):
+    """The outcome with a teeth check's verdict."""
+    (launch,) = outcome.plan.by_role("teeth")
+    teeth = Verdict("teeth", status, "teeth check", 3, why, comparison=comparison)
+    teeth.launch, teeth.runs = launch.name, {"teeth": launch.spec.run_dir}
+    outcome.checks.append(teeth)
+    return outcome
+
+
+def with_control_differing(outcome, control):
+    """The outcome with a determinism control that differs as `control`'s resume did."""
+    cmp = control.verdicts[0].comparison
+    outcome.checks.append(Verdict("control", "failed", "determinism control", comparison=cmp))
+    return outcome
 
 
 def test_a_divergence_reads_top_down_with_cause_dirs_and_rerun_line(tmp_path):
@@ -59,14 +80,14 @@ def test_a_divergence_reads_top_down_with_cause_dirs_and_rerun_line(tmp_path):
     assert lines[1] == "split 3: first divergence at step 5, rank 0, key 'loss': float differs"
     assert lines[2:4] == ["  [- uninterrupted] 2.5", "  [+ resumed]       3.5"]
     assert "  likely cause (cpu RNG): rank 0, step 5: something was not restored" in lines
-    assert f"  uninterrupted: {plan.uninterrupted[0].spec.run_dir}" in lines
+    assert f"  uninterrupted: {plan.by_role('uninterrupted')[0].spec.run_dir}" in lines
     assert lines[-2:] == ["rerun the resumed launch by hand:", "  cd x && rerun"]
 
 
 def test_a_toothless_test_says_so_instead_of_passing(tmp_path):
     plan, outcome = outcome_with(tmp_path)
     check = outcome.verdicts[0].comparison
-    outcome.teeth = TeethCheck("failed", "values matched", check)
+    with_teeth(outcome, "failed", "values matched", check)
     assert not outcome.equal and outcome.resume_equal
     text = format_outcome(outcome, "kept: --resume-equiv-keep=failed")
     assert text.startswith(
@@ -79,7 +100,7 @@ def test_nondeterministic_training_is_not_blamed_on_the_resume(tmp_path):
     _, outcome = outcome_with(tmp_path, resumed_loss=lambda s, r: s)
     outcome.verdicts[0].diagnosis = Diagnosis("a cause that must not be shown", "x")
     _, control = outcome_with(tmp_path / "control", resumed_loss=lambda s, r: s + 1)
-    outcome.nondeterministic = control.verdicts[0].comparison
+    with_control_differing(outcome, control)
     text = format_outcome(outcome, "kept")
     assert text.startswith("training is not deterministic even without a resume")
     assert "the resume is not to blame" in text and "a cause that must not be shown" not in text
@@ -87,9 +108,9 @@ def test_nondeterministic_training_is_not_blamed_on_the_resume(tmp_path):
 
 def test_plan_summary_lists_launches_reuse_and_a_skipped_teeth_check(tmp_path):
     plan, outcome = outcome_with(tmp_path)
-    outcome.teeth = TeethCheck("skipped", "nothing random")
+    with_teeth(outcome, "skipped", "nothing random")
     lines = format_plan_summary(outcome).splitlines()
-    full = plan.uninterrupted[0].spec.run_dir
+    full = plan.by_role("uninterrupted")[0].spec.run_dir
     assert (
         lines[0]
         == f"uninterrupted: 1 rank, 1.2s, ok, {full} (reused: run for test_a.py::test_first)"
@@ -103,7 +124,7 @@ def test_plan_summary_lists_launches_reuse_and_a_skipped_teeth_check(tmp_path):
 
 def test_a_failed_launch_shows_the_failing_rank_first_with_its_last_lines(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=2)
-    planned = plan.resumed[0]
+    planned = plan.by_role("resumed")[0]
     ranks = [
         RankOutcome(0, "none", "stopped by torchrun (SIGTERM) after rank 1 failed", -15),
         RankOutcome(1, "error", "ValueError: boom", 1),
@@ -126,7 +147,7 @@ def test_a_failed_launch_shows_the_failing_rank_first_with_its_last_lines(tmp_pa
 def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     _, outcome = outcome_with(tmp_path, resumed_loss=lambda s, r: s)
     outcome.verdicts[0].diagnosis = Diagnosis("rank 0, step 4: it was not restored", "cpu RNG")
-    outcome.teeth = TeethCheck("cancelled", "the resume from step 3 diverged")
+    with_teeth(outcome, "cancelled", "the resume from step 3 diverged")
     run = RunRecord.of(outcome, outcome_failure(outcome), ["a warning"])
     assert [(x.name, x.role) for x in run.launches] == [
         ("uninterrupted", "uninterrupted"),
@@ -192,14 +213,14 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
 
 def test_a_killed_launch_is_killed_as_planned_and_an_interrupted_run_counts_what_ran(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=1, interrupt="kill")
-    first = result_of(plan.interrupted[0])
+    first = result_of(plan.by_role("interrupted")[0])
     first.killed_after_step = 4
     first.returncodes = [-9]
-    outcome = ResumeOutcome(plan)
-    outcome.launches = [result_of(plan.uninterrupted[0]), first]
+    outcome = Outcome(plan)
+    outcome.launches = [result_of(plan.by_role("uninterrupted")[0]), first]
     assert first.status == "killed as planned"
     assert "interrupted-split3: 1 rank, 1.2s, killed as planned, " in format_plan_summary(outcome)
-    run = RunRecord.of(outcome, "interrupted", stopped=[plan.resumed[0]])
+    run = RunRecord.of(outcome, "interrupted", stopped=[plan.by_role("resumed")[0]])
     assert [(x.name, x.status, x.ok) for x in run.launches] == [
         ("uninterrupted", "ok", True),
         ("interrupted-split3", "killed as planned", True),
@@ -211,9 +232,9 @@ def test_a_killed_launch_is_killed_as_planned_and_an_interrupted_run_counts_what
 
 def test_every_failure_has_a_few_words_for_the_table(tmp_path):
     plan, outcome = outcome_with(tmp_path)
-    outcome.teeth = TeethCheck("failed", "matched", outcome.verdicts[0].comparison)
+    with_teeth(outcome, "failed", "matched", outcome.verdicts[0].comparison)
     assert outcome_failure(outcome).startswith("no teeth: ")
     _, diverged = outcome_with(tmp_path / "d", resumed_loss=lambda s, r: s)
     _, control = outcome_with(tmp_path / "c", resumed_loss=lambda s, r: s + 1)
-    diverged.nondeterministic = control.verdicts[0].comparison
+    with_control_differing(diverged, control)
     assert outcome_failure(diverged) == "not deterministic without a resume: step 4, rank 0, 'loss'"

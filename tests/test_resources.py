@@ -6,9 +6,10 @@ import pytest
 from plan_helpers import settings_for
 
 from pytest_resume_equiv import resources
+from pytest_resume_equiv.checks import build_plan
 from pytest_resume_equiv.devices import Device
 from pytest_resume_equiv.errors import ResumeEquivError
-from pytest_resume_equiv.plan import RunRequest, build_plan
+from pytest_resume_equiv.plan import RunRequest
 from pytest_resume_equiv.resources import Launcher, LeaseWait, parallelism
 
 CUDA2 = Device("cuda", "nccl", 2)
@@ -68,12 +69,12 @@ def test_each_accelerator_launch_leases_its_own_devices(tmp_path, monkeypatch):
     settings = settings_for(split=[2, 3, 4], nproc=1, rng_mutation=False)
     plan = build_plan(settings, RunRequest(train), CUDA2, str(tmp_path))
     start = Launcher(CUDA2, 30.0, "test_x", lock_dir=str(tmp_path / "leases"))
-    first = start(plan.resumed[0], False)
-    second = start(plan.resumed[1], False)
-    assert start(plan.resumed[2], False) is None  # both devices taken: ask again later
+    first = start(plan.by_role("resumed")[0], False)
+    second = start(plan.by_role("resumed")[1], False)
+    assert start(plan.by_role("resumed")[2], False) is None  # both devices taken: ask again later
     assert sorted(started) == ["0", "1"]
     first.kill()  # its devices go back
-    third = start(plan.resumed[2], False)
+    third = start(plan.by_role("resumed")[2], False)
     assert third is not None and started[-1] == started[0]
     second.kill()
     third.kill()

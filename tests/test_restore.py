@@ -8,37 +8,26 @@ import pytest
 import torch
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank import record as record_module
-from pytest_resume_equiv.rank import restore, resume_point, rng
+from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.signature import read_signature
 
 
 @pytest.fixture
-def audited(in_rank, monkeypatch):
-    """A rank with the bootstrap's audit installed (restores logged, forwards hooked)."""
-    monkeypatch.setattr(resume_point, "_state", {"armed": None, "explicit": False, "hook": None})
-    monkeypatch.setattr(restore, "_listeners", [])
-    monkeypatch.setattr(rng, "_generators", [])
-    rng.install()
-    restore.install_torch()
-    restore.install_host()
-    restore.drain()
+def audited(in_rank):
+    """A rank with the bootstrap's audit installed (restores logged, forwards hooked), in a
+    fresh rank state; taken out again at the end."""
 
     def enter(**kwargs):
         run_dir = in_rank(**kwargs)
-        resume_point.install(req.context())
+        current().install()
         return run_dir
 
     yield enter
-    hook = resume_point._state.get("hook")
-    if hook is not None:
-        hook.remove()
-    resume_point._window.stop()
-    restore.uninstall()
+    current().uninstall()
 
 
 def signature(run_dir):
-    record_module.close()
+    current().close()
     return read_signature(os.path.join(run_dir, "signatures", "rank-0.jsonl"))
 
 
@@ -66,6 +55,19 @@ def test_restores_are_logged_with_their_line_and_named_as_the_audit_names_them(a
         ("Generator.set_state", f"rng:generator tests/test_restore.py:{made} #0"),
     ]
     assert log[1]["at"] == here and log[1]["after_step"] is None
+
+
+def test_device_stream_restores_are_named_by_device(audited):
+    """Without an accelerator torch queues these calls until the device is initialized: the
+    log still names the stream each one restores, as the audit names it."""
+    run_dir = audited(phase="resumed", split=2)
+    torch.cuda.manual_seed_all(3)
+    torch.cuda.set_rng_state(torch.get_rng_state(), device=torch.device("cuda", 1))
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.manual_seed_all", "rng:cuda:*"),
+        ("torch.cuda.set_rng_state", "rng:cuda:1"),
+    ]
 
 
 def test_the_resume_point_is_the_first_forward_with_the_draws_since_the_last_restore(audited):
@@ -107,7 +109,7 @@ def test_the_uninterrupted_run_takes_it_after_recording_the_split(audited):
 
 def test_plugin_seeding_and_the_teeth_mutation_are_not_restores(audited):
     run_dir = audited(phase="teeth", split=2)
-    with restore.unlogged():
+    with current().restores.unlogged():
         torch.manual_seed(5)
     req.record(3, loss=1.0)  # the teeth phase mutates every stream after its first record
     req.record(4, loss=1.0)

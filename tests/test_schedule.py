@@ -57,7 +57,7 @@ def test_a_launch_waits_at_its_gate_until_what_it_needs_was_handled(tmp_path):
     log = []
     start, _ = starter(log)
     scheduler = Scheduler(start, parallel=2, prefetch=1, poll_interval=0)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
     scheduler.run(lambda job, result: log.append(("done", job.name)))
     assert log.index(("start", "resumed-split3", True)) < log.index(("done", "uninterrupted"))
@@ -74,7 +74,7 @@ def test_no_more_than_parallel_launches_run_and_prefetch_start_ahead(tmp_path):
         running.discard(job.name)
 
     scheduler = Scheduler(start, parallel=2, prefetch=1, poll_interval=0)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
     while any(not j.done for j in scheduler.jobs):
         scheduler.loop_once(done)
@@ -90,14 +90,14 @@ def test_the_handler_adds_and_cancels_jobs_while_the_loop_runs(tmp_path):
     log = []
     start, handles = starter(log, ticks=5)
     scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
-    for planned in [*plan.launches, plan.teeth]:
+    for planned in plan.started:  # the teeth check among them
         scheduler.add(planned)
 
     def done(job, result):
         log.append(("done", job.name))
         if job.name == "uninterrupted":
-            scheduler.cancel(plan.teeth)
-            scheduler.add(plan.controls["uninterrupted"])
+            scheduler.cancel(plan.named("teeth-split3"))
+            scheduler.add(plan.named("uninterrupted-control"))
 
     scheduler.run(done)
     names = [e[1] for e in log if e[0] == "done"]
@@ -111,7 +111,7 @@ def test_a_handler_error_kills_every_started_launch(tmp_path):
     log = []
     start, handles = starter(log)
     scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
 
     def done(job, result):
@@ -128,7 +128,7 @@ def test_a_refused_start_is_asked_again(tmp_path):
     log, refuse = [], {"resumed-split3"}
     start, _ = starter(log, refuse=refuse)
     scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
     turns = 0
     while any(not j.done for j in scheduler.jobs):
@@ -144,7 +144,7 @@ def test_progress_lines_name_the_launch_its_ranks_and_its_steps(tmp_path):
     log, lines = [], []
     start, _ = starter(log)
     scheduler = Scheduler(start, poll_interval=0, on_progress=lines.append)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
     scheduler.run(lambda job, result: None)
     assert lines[0].startswith(
@@ -159,7 +159,7 @@ def test_unfinished_names_the_launches_running_when_the_loop_stopped(tmp_path):
     log = []
     start, _ = starter(log, ticks=1000)
     scheduler = Scheduler(start, parallel=1, prefetch=1, poll_interval=0)
-    for planned in plan.launches:
+    for planned in plan.started:
         scheduler.add(planned)
     scheduler.loop_once(lambda job, result: None)
     # the uninterrupted launch runs; the resumed one waits at its gate: it did not run

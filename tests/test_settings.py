@@ -227,13 +227,50 @@ def test_topology_and_chain_keywords():
 
 
 def test_tolerance_forms():
-    assert parse_marker((), {"steps": 4, "split": 2, "tolerance": (1e-6, 0)}).tolerance == (
-        ("*", 1e-6, 0.0),
-    )
+    every = parse_marker((), {"steps": 4, "split": 2, "tolerance": (1e-6, 0)}).tolerance
+    assert every.first == every.later == (("*", 1e-6, 0.0),)
     spec = parse_marker(
         (), {"steps": 4, "split": 2, "tolerance": {"loss": (0, 1e-3), "param*": [1e-5, 0]}}
     )
-    assert spec.tolerance == (("loss", 0.0, 1e-3), ("param*", 1e-5, 0.0))
+    assert spec.tolerance.later == (("loss", 0.0, 1e-3), ("param*", 1e-5, 0.0))
+
+
+def test_tolerance_profiles_from_the_marker_and_the_option():
+    """The first resumed step and the later ones apart; the marker wins over the option, the
+    option's source is named when it is bad."""
+    standard = parse_marker((), {"steps": 4, "split": 2, "tolerance": "standard"}).tolerance
+    assert standard.for_key("loss", 3, 2) == (2e-3, 1e-5)  # the first resumed step
+    assert standard.for_key("loss", 4, 2) == (2e-3, 5e-3)
+    relaxed = parse_marker((), {"steps": 4, "split": 2, "tolerance": "relaxed"}).tolerance
+    assert (relaxed.for_key("x", 3, 2), relaxed.for_key("x", 4, 2)) == (
+        (7.5e-3, 1e-4),
+        (7.5e-3, 1e-2),
+    )
+    assert parse_marker((), {"steps": 4, "split": 2, "tolerance": "exact"}).tolerance.exact
+    with pytest.raises(SettingError, match="unknown tolerance profile 'lax'"):
+        parse_marker((), {"steps": 4, "split": 2, "tolerance": "lax"})
+    session = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_TOLERANCE": "strict"})
+    assert resolve_test(session, (), {"steps": 4, "split": 2}).tolerance.name == "strict"
+    marked = resolve_test(session, (), {"steps": 4, "split": 2, "tolerance": "relaxed"})
+    assert marked.tolerance.name == "relaxed"
+    assert marked.sources["tolerance"] == "marker @resume_equivalent(tolerance=...)"
+    pair = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_TOLERANCE": "1e-6,0"})
+    assert pair["tolerance"].later == (("*", 1e-6, 0.0),)
+    bad = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_TOLERANCE": "loose"})
+    assert "invalid tolerance 'loose' from environment variable PYTEST_RESUME_EQUIV_TOLERANCE" in (
+        bad.error
+    )
+
+
+def test_noise_settings():
+    session = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_NOISE_RUNS": "3"})
+    test = resolve_test(session, (), {"steps": 4, "split": 2, "noise": "measure"})
+    assert (test.noise, test.noise_runs, test.strict_abstain) == ("measure", 3, False)
+    assert resolve_test(session, (), {"steps": 4, "split": 2}).noise == "auto"
+    with pytest.raises(SettingError, match="invalid noise='always'"):
+        parse_marker((), {"steps": 4, "split": 2, "noise": "always"})
+    one = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_NOISE_RUNS": "1"})
+    assert "expected a whole number of uninterrupted runs >= 2" in one.error
 
 
 def test_ignore_patterns_and_the_strict_latent_option():

@@ -28,7 +28,7 @@ class Inner:
 
 def test_a_result_reads_back_exactly(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=1, interrupt="kill")
-    spec = plan.interrupted[0].spec
+    spec = plan.by_role("interrupted")[0].spec
     result = LaunchResult(spec, [0], False, 2.5, [RankOutcome(0, "ok")], "cd x && go", 0.5)
     result.killed_after_step = 4
     (tmp_path / "run").mkdir()
@@ -41,7 +41,7 @@ def test_a_result_reads_back_exactly(tmp_path):
 def test_one_handle_runs_the_launch_the_other_waits_and_reuses_it(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=1, shared_root=str(tmp_path / "shared"))
     (tmp_path / "shared").mkdir()
-    spec = plan.uninterrupted[0].spec
+    spec = plan.by_role("uninterrupted")[0].spec
     started = []
 
     def start():

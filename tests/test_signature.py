@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank import record as record_module
+from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.encode import UnrecordableValue, encode
 from pytest_resume_equiv.rank.fingerprint import content_hash
 from pytest_resume_equiv.rank.layout import signature_path
@@ -24,7 +24,7 @@ def test_record_is_a_noop_outside_a_run(tmp_path, monkeypatch):
 def test_header_steps_and_footer(in_rank):
     run_dir = in_rank(phase="resumed", rank=1, world_size=2, split=3)
     req.record(4, loss=0.1 + 0.2, n=3, ok=True, name="a", nothing=None, nested={"a": [1, 2.5]})
-    record_module.close()
+    current().close()
     sig = read_signature(signature_path(run_dir, 1))
     header = sig.header
     assert (header["format"], header["version"], header["rank"], header["world_size"]) == (

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Optional
 
 from ..compare import Comparison
+from ..rank.layout import WATCH, section_of
 from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore
 from .at_step import classify_at_step
 from .evidence import Diagnosis, Evidence
 
-__all__ = ["Diagnosis", "diagnose"]
+__all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
 
 
 def diagnose(
@@ -46,11 +47,20 @@ def diagnose(
     return found
 
 
+def diagnose_resume_point(
+    cmp: Comparison, base: dict[int, Signature], res: dict[int, Signature]
+) -> Optional[Diagnosis]:
+    """The cause of a difference at the resume point when every later step matched (the gate
+    failed, the trajectory did not): the resume-point rules alone."""
+    ev = Evidence.of(cmp, base, res)
+    return next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
+
+
 def _only_other_ranks(ev: Evidence) -> str:
     """Ranks whose own recorded values or random streams differ, when rank 0's do not (its
     watched parameters can differ only because gradients were all-reduced with theirs)."""
     ranks = sorted(
-        r for r, keys in ev.differing.items() if any(not k.startswith("watch:") for k in keys)
+        r for r, keys in ev.differing.items() if any(section_of(k) != WATCH for k in keys)
     )
     if not ranks or 0 in ranks:
         return ""

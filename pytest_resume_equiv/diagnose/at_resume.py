@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..rank.layout import watched, watched_part
 from ..rank.restore import is_seed
 from .causes import OBJECT_RULES, STREAM_RULES, stream_words
 from .evidence import Diagnosis, Evidence
@@ -57,7 +58,7 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
 
 def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
     for rank in sorted(ev.res_sigs):
-        modes = [k for k in point_differences(ev, rank) if k.endswith(".modes")]
+        modes = [k for k in point_differences(ev, rank) if watched_part(k) == "modes"]
         if modes:
             base, res = ev.points(rank)
             a, b = point_value(base, modes[0]) or [], point_value(res, modes[0]) or []
@@ -66,7 +67,7 @@ def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
             run = "resumed" if only_res else "uninterrupted"
             return Diagnosis(
                 f"rank {rank}: at the resume point (before the first resumed step) the train/"
-                f"eval flags of {modes[0][6:-6]} differ: {', '.join(only_res or only_base)} in "
+                f"eval flags of {watched(modes[0])[0]} differ: {', '.join(only_res or only_base)} in "
                 f"eval mode in the {run} run only. Fix: give every module the mode the "
                 "uninterrupted run has there (model.train() after loading, or save and restore "
                 "the flags the training changes)",

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..compare import is_audit_key
+from ..rank.layout import (
+    DEVICE_KINDS,
+    WATCH,
+    generator_site,
+    is_audit_key,
+    section_of,
+    split_key,
+    stream_kind,
+    watched,
+    watched_part,
+)
 from .evidence import (
     ROUNDING,
     Diagnosis,
@@ -23,20 +33,22 @@ from .evidence import (
     norm_gap,
     optimizer_steps_differ,
     scheduler_restarted,
-    stream_name,
 )
 from .subject import point_value
+
+CORE_STREAMS = ("cpu", *DEVICE_KINDS)
+"""torch's own streams: the CPU's and each device's default generator."""
+LR_PARTS = ("lr", "last_lr", "last_epoch")
+"""Watched parts that follow the learning-rate schedule."""
 
 
 def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
     """A generator owned by some module or sampler, while the global streams are fine."""
     for rank, keys in ev.differing.items():
-        gens = [k for k in keys if k.startswith("rng:generator ")]
-        core = [
-            k for k in keys if k == "rng:cpu" or k.startswith(("rng:cuda:", "rng:npu:", "rng:xpu:"))
-        ]
+        gens = [k for k in keys if generator_site(k) is not None]
+        core = [k for k in keys if stream_kind(k) in CORE_STREAMS]
         if gens and not core:
-            site = stream_name(gens[0])[len("generator ") :]
+            site = generator_site(gens[0])
             return Diagnosis(
                 f"{ev.where(rank)}: the generator created at {site} differs while the CPU and device "
                 "generators match: its state was not restored (a module or sampler owns a "
@@ -56,13 +68,13 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
         "numpy": ("numpy's global RNG", "np.random.get_state() not saved and restored"),
         "python": ("Python's random module", "random.getstate() not saved and restored"),
     }
-    for prefix in ("rng:cpu", "rng:cuda:", "rng:npu:", "rng:xpu:", "rng:numpy", "rng:python"):
+    for kind in (*CORE_STREAMS, "numpy", "python"):
         for rank, keys in ev.differing.items():
-            hits = [k for k in keys if k.startswith(prefix)]
+            hits = [k for k in keys if stream_kind(k) == kind]
             if not hits:
                 continue
             key = hits[0]
-            name = stream_name(key)
+            name = split_key(key)[1]
             other = borrowed_from(ev.base, ev.res, rank, ev.step, key)
             if other is not None:
                 return Diagnosis(
@@ -77,7 +89,6 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
                 return Diagnosis(
                     f"{ev.where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
                 )
-            kind = name.split(":")[0]
             return Diagnosis(
                 f"{ev.where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
                 f"(torch.{kind}.get_rng_state_all() not saved, or only the current device restored)",
@@ -89,7 +100,7 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
 def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
     """The optimizer stepped a different number of times (and the scheduler with it)."""
     for rank, keys in ev.differing.items():
-        lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
+        lr = [k for k in keys if watched_part(k) in LR_PARTS]
         if lr and optimizer_steps_differ(ev.base, ev.res, rank, ev.step, keys):
             return Diagnosis(
                 f"{ev.where(rank)}: the optimizer and the LR scheduler stepped a different number of "
@@ -103,13 +114,14 @@ def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
 def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
     """Learning rate and scheduler."""
     for rank, keys in ev.differing.items():
-        lr = [k for k in keys if k.endswith((".lr", ".last_lr", ".last_epoch"))]
+        lr = [k for k in keys if watched_part(k) in LR_PARTS]
         if not lr:
             continue
+        which = split_key(lr[0])[1]
         restarted = scheduler_restarted(ev.base, ev.res, rank, ev.step, ev.split)
         if restarted is True:
             return Diagnosis(
-                f"{ev.where(rank)}: the learning rate differs ({lr[0][6:]}) and the scheduler counts "
+                f"{ev.where(rank)}: the learning rate differs ({which}) and the scheduler counts "
                 "its steps from the resume, not from the start: the LR scheduler was not "
                 "restored (warmup restarted)",
                 "LR scheduler missing",
@@ -117,13 +129,13 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
         shift = lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
         if restarted is False or shift is not None:
             return Diagnosis(
-                f"{ev.where(rank)}: the learning rate is shifted by one step ({lr[0][6:]}): the "
+                f"{ev.where(rank)}: the learning rate is shifted by one step ({which}): the "
                 "scheduler was saved before its step, or rebuilt/stepped after the optimizer "
                 "state was loaded",
                 "LR scheduler off by one",
             )
         return Diagnosis(
-            f"{ev.where(rank)}: the learning rate differs ({lr[0][6:]}) before any other watched "
+            f"{ev.where(rank)}: the learning rate differs ({which}) before any other watched "
             "state explains it: the LR scheduler was not restored (warmup restarted?)",
             "LR scheduler missing",
         )
@@ -183,7 +195,7 @@ def _modes(ev: Evidence) -> Optional[Diagnosis]:
     """Train/eval flags."""
     for rank, keys in ev.differing.items():
         for key in keys:
-            if key.endswith(".modes"):
+            if watched_part(key) == "modes":
                 a, b = ev.base[rank][ev.step].get(key) or [], ev.res[rank][ev.step].get(key) or []
                 flipped = sorted(set(a) ^ set(b))
                 return Diagnosis(
@@ -201,7 +213,8 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
         model_params = [
             k
             for k in keys
-            if k.endswith(".params") and not is_optimizer(ev.base[rank][ev.step], k[6:-7])
+            if watched_part(k) == "params"
+            and not is_optimizer(ev.base[rank][ev.step], watched(k)[0])
         ]
         if ev.step == ev.split + 1 and user and model_params:
             base_point, res_point = ev.points(rank)
@@ -247,12 +260,12 @@ def _buffers(ev: Evidence) -> Optional[Diagnosis]:
     """Buffers (BatchNorm running statistics and the like)."""
     for rank, keys in ev.differing.items():
         for key in keys:
-            if key.endswith(".buffers"):
+            if watched_part(key) == "buffers":
                 name = first_diff_name(
                     ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
                 )
                 return Diagnosis(
-                    f"{ev.where(rank)}: buffer {name} of {key[6:-8]} differs: buffers (e.g. BatchNorm "
+                    f"{ev.where(rank)}: buffer {name} of {watched(key)[0]} differs: buffers (e.g. BatchNorm "
                     "running statistics) were not saved/restored, or saved from rank 0 only",
                     "buffers",
                 )
@@ -264,7 +277,8 @@ def _master_weights(ev: Evidence) -> Optional[Diagnosis]:
     could not map to a watched model), and they differ only at low-precision rounding level."""
     for rank, keys in ev.differing.items():
         for key in keys:
-            if not key.endswith(".params") or not is_optimizer(ev.base[rank][ev.step], key[6:-7]):
+            obj, part = watched(key)
+            if part != "params" or not is_optimizer(ev.base[rank][ev.step], obj):
                 continue
             a, b = ev.base[rank][ev.step].get(key) or {}, ev.res[rank][ev.step].get(key) or {}
             own = {n: v for n, v in a.items() if n.startswith("group")}
@@ -283,12 +297,8 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
     """Optimizer state, then other watched objects (an EMA follows the model: after)."""
     for rank, keys in ev.differing.items():
         for key in keys:
-            obj, _, section = key[6:].rpartition(".")
-            if (
-                key.startswith("watch:")
-                and section in ("state", "hyper")
-                and is_optimizer(ev.base[rank][ev.step], obj)
-            ):
+            obj, section = watched(key)
+            if section in ("state", "hyper") and is_optimizer(ev.base[rank][ev.step], obj):
                 name = first_diff_name(
                     ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key)
                 )
@@ -299,9 +309,9 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                 )
     for rank, keys in ev.differing.items():
         for key in keys:
-            if not key.startswith("watch:"):
+            if section_of(key) != WATCH:
                 continue
-            obj, section = key[6:].rsplit(".", 1)
+            obj, section = watched(key)
             name = first_diff_name(ev.base[rank][ev.step].get(key), ev.res[rank][ev.step].get(key))
             if obj != "model" and not is_optimizer(ev.base[rank][ev.step], obj) and section != "lr":
                 return Diagnosis(
@@ -310,7 +320,7 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                     "watched state",
                 )
     for rank, keys in ev.differing.items():
-        params = [k for k in keys if k.endswith(".params")]
+        params = [k for k in keys if watched_part(k) == "params"]
         if params:
             name = first_diff_name(
                 ev.base[rank][ev.step].get(params[0]), ev.res[rank][ev.step].get(params[0])

@@ -6,21 +6,32 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
+from ..rank.layout import (
+    GENERATOR,
+    device_index,
+    generator_site,
+    split_key,
+    stream_kind,
+    watch_key,
+    watched_part,
+)
 from ..values import readable
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
 from .subject import Subject, equal_to_step, point_value
 
 STREAM_WORDS = {
-    "rng:cpu": "the CPU RNG (torch's default generator)",
-    "rng:numpy": "numpy's global RNG",
-    "rng:python": "Python's random module",
+    "cpu": "the CPU RNG (torch's default generator)",
+    "numpy": "numpy's global RNG",
+    "python": "Python's random module",
 }
+"""By stream kind: the streams of one kind each."""
 HOW = {
-    "rng:cpu": "torch.get_rng_state() / torch.set_rng_state()",
-    "rng:numpy": "np.random.get_state() / np.random.set_state()",
-    "rng:python": "random.getstate() / random.setstate()",
-    "rng:generator": "generator.get_state() / generator.set_state()",
+    "cpu": "torch.get_rng_state() / torch.set_rng_state()",
+    "numpy": "np.random.get_state() / np.random.set_state()",
+    "python": "random.getstate() / random.setstate()",
 }
+"""How the one stream of each of these kinds is saved and restored."""
+GENERATOR_HOW = "generator.get_state() / generator.set_state()"
 KINDS = {"module": "the module", "optimizer": "the optimizer", "scheduler": "the LR scheduler"}
 WRAPPED_KINDS = ("module", "optimizer", "scheduler")
 """Objects whose every load_state_dict call the restore log sees."""
@@ -46,18 +57,18 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
     if not s.reseeds:
         return None
     call = s.reseeds[-1]
-    if s.name.startswith("rng:generator ") and not s.before_resume and len(s.restores) == 1:
+    if stream_kind(s.name) == GENERATOR and not s.before_resume and len(s.restores) == 1:
         return Diagnosis(
             f"{s.where()}: {stream_words(s.name)} was made and seeded after the checkpoint was "
             f"read ({call['call']} at {call['at']}) and never given its saved state: whatever "
             "owns it seeds it when it is built. Fix: save its state and load it after building "
-            f"it, {HOW['rng:generator']}",
+            f"it, {GENERATOR_HOW}",
             "never restored",
         )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was seeded again after the checkpoint was read ({call['call']} at "
         f"{call['at']}), which replaces the restored state. Fix: seed before loading, or restore "
-        f"the stream after seeding ({HOW.get(s.name, 'set_rng_state')})",
+        f"the stream after seeding ({HOW.get(stream_kind(s.name), 'set_rng_state')})",
         "re-seeded after loading",
     )
 
@@ -121,11 +132,11 @@ def restored_too_late(s: Subject) -> Optional[Diagnosis]:
 def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
     if s.restores:
         return None
-    if s.name.startswith("rng:generator "):
-        how, calls = HOW["rng:generator"], "set_state"
+    kind = stream_kind(s.name)
+    if kind == GENERATOR:
+        how, calls = GENERATOR_HOW, "set_state"
     else:
-        kind = s.name.split(":")[1]
-        how = HOW.get(s.name, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
+        how = HOW.get(kind, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
         calls = "set_rng_state" if kind not in ("numpy", "python") else how.split(" / ")[1]
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was never restored (no {calls} call for it after "
@@ -136,12 +147,11 @@ def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
 
 
 def stream_words(name: str) -> str:
-    if name.startswith("rng:generator "):
-        return f"the generator created at {name[len('rng:generator ') :]}"
-    if name in STREAM_WORDS:
-        return STREAM_WORDS[name]
-    kind, _, index = name[4:].partition(":")
-    return f"the {kind} RNG of device {index}"
+    site = generator_site(name)
+    if site is not None:
+        return f"the generator created at {site}"
+    kind = stream_kind(name)
+    return STREAM_WORDS.get(kind) or f"the {kind} RNG of device {device_index(name)}"
 
 
 def stream_restored_wrong(s: Subject) -> Diagnosis:
@@ -164,7 +174,7 @@ def object_never_restored(s: Subject) -> Optional[Diagnosis]:
         "module": "its weights and buffers are the initial ones",
     }[s.kind]
     return Diagnosis(
-        f"{s.where()}: {KINDS[s.kind]} '{s.name[6:]}' was never restored (no load_state_dict "
+        f"{s.where()}: {KINDS[s.kind]} '{s.label}' was never restored (no load_state_dict "
         f"call restored it): {words}. Fix: save and load its state_dict()",
         f"{s.kind} never restored",
     )
@@ -197,11 +207,11 @@ def loader_parts(s: Subject) -> Optional[Diagnosis]:
     """A data loader: which of its parts differ at the resume point, each with its fix."""
     if s.kind != "loader":
         return None
-    parts = [k.rsplit(".", 1)[1] for k in s.keys]
+    parts = [watched_part(k) for k in s.keys]
     parts = [p for p in LOADER_PARTS if p in parts]
     shown = []
     for part in parts:
-        key = f"{s.name}.{part}"
+        key = watch_key(s.label, part)
         a, b = point_value(s.base, key), point_value(s.res, key)
         name = first_diff_name(a, b)
         if isinstance(a, dict) and isinstance(b, dict) and name in a and name in b:
@@ -212,7 +222,7 @@ def loader_parts(s: Subject) -> Optional[Diagnosis]:
         )
     fixes = "; ".join(LOADER_PARTS[p][1] for p in parts)
     return Diagnosis(
-        f"{s.where()}: the data loader '{s.name[6:]}' was not restored as saved: "
+        f"{s.where()}: the data loader '{s.label}' was not restored as saved: "
         + ", ".join(shown)
         + f" differ{'s' * (len(parts) == 1)} at the resume point. Fix: {fixes}",
         "data loader state",
@@ -220,7 +230,7 @@ def loader_parts(s: Subject) -> Optional[Diagnosis]:
 
 
 def optimizer_partial(s: Subject) -> Optional[Diagnosis]:
-    key = f"{s.name}.state"
+    key = watch_key(s.label, "state")
     if s.kind != "optimizer" or key not in s.keys:
         return None
     a, b = point_value(s.base, key) or {}, point_value(s.res, key) or {}
@@ -232,20 +242,20 @@ def optimizer_partial(s: Subject) -> Optional[Diagnosis]:
         return None
     what = f"no entries for {', '.join(empty[:3])}" if empty else f"step counts differ ({steps[0]})"
     return Diagnosis(
-        f"{s.where()}: the optimizer state of '{s.name[6:]}' is missing or partial at the resume "
+        f"{s.where()}: the optimizer state of '{s.label}' is missing or partial at the resume "
         f"point ({what}). Fix: save and load optimizer.state_dict(), after the optimizer step",
         "optimizer state missing",
     )
 
 
 def reduced_precision(s: Subject) -> Optional[Diagnosis]:
-    for key in (k for k in s.keys if k.endswith(".params")):
+    for key in (k for k in s.keys if watched_part(k) == "params"):
         gap = norm_gap(point_value(s.base, key), point_value(s.res, key))
         if gap is not None and 0 < gap < ROUNDING:
             what = (
-                f"the optimizer's own copies of the parameters ('{s.name[6:]}': master weights)"
+                f"the optimizer's own copies of the parameters ('{s.label}': master weights)"
                 if s.kind == "optimizer"
-                else f"the parameters of '{s.name[6:]}'"
+                else f"the parameters of '{s.label}'"
             )
             return Diagnosis(
                 f"{s.where()}: at the resume point {what} differ only at low-precision rounding "
@@ -257,12 +267,12 @@ def reduced_precision(s: Subject) -> Optional[Diagnosis]:
 
 
 def scheduler_shifted(s: Subject) -> Optional[Diagnosis]:
-    key = f"{s.name}.last_epoch"
+    key = watch_key(s.label, "last_epoch")
     a, b = point_value(s.base, key), point_value(s.res, key)
     if s.kind != "scheduler" or not isinstance(a, int) or not isinstance(b, int) or abs(a - b) != 1:
         return None
     return Diagnosis(
-        f"{s.where()}: the LR scheduler '{s.name[6:]}' is {'one step ahead' if b > a else 'one step behind'} "
+        f"{s.where()}: the LR scheduler '{s.label}' is {'one step ahead' if b > a else 'one step behind'} "
         "at the resume point: it was stepped again after loading, or saved before its step. "
         "Fix: save the scheduler after its step; do not step it after load_state_dict",
         "LR scheduler off by one",
@@ -270,12 +280,12 @@ def scheduler_shifted(s: Subject) -> Optional[Diagnosis]:
 
 
 def buffers_only(s: Subject) -> Optional[Diagnosis]:
-    if s.kind != "module" or [k.rsplit(".", 1)[1] for k in s.keys] != ["buffers"]:
+    if s.kind != "module" or [watched_part(k) for k in s.keys] != ["buffers"]:
         return None
     key = s.keys[0]
     name = first_diff_name(point_value(s.base, key), point_value(s.res, key))
     return Diagnosis(
-        f"{s.where()}: the weights of '{s.name[6:]}' were restored but buffer {name} differs at "
+        f"{s.where()}: the weights of '{s.label}' were restored but buffer {name} differs at "
         "the resume point: buffers (BatchNorm running statistics) were left out of the saved or "
         "loaded state (strict=False?), or saved from rank 0 only. Fix: save and load the whole "
         "state_dict(), buffers included",
@@ -289,14 +299,14 @@ def from_other_step(s: Subject) -> Optional[Diagnosis]:
         return None
     if later > s.ev.split:
         return Diagnosis(
-            f"{s.where()}: the checkpoint saved at step {s.ev.split} holds '{s.name[6:]}' as it was "
+            f"{s.where()}: the checkpoint saved at step {s.ev.split} holds '{s.label}' as it was "
             f"after step {later}: it was written after training changed the tensors (a "
             "background or asynchronous save that did not copy them first). Fix: copy the state "
             "(or wait for the write) before the next step changes it",
             "torn checkpoint",
         )
     return Diagnosis(
-        f"{s.where()}: '{s.name[6:]}' at the resume point is the uninterrupted run's state after "
+        f"{s.where()}: '{s.label}' at the resume point is the uninterrupted run's state after "
         f"step {later}, not step {s.ev.split}: an older checkpoint was loaded. Fix: load the "
         "checkpoint saved at the split",
         "restored from another step",
@@ -308,8 +318,8 @@ def object_restored_wrong(s: Subject) -> Diagnosis:
     name = first_diff_name(point_value(s.base, key), point_value(s.res, key))
     how = f" (restored by {s.restores[-1]['call']} at {s.restores[-1]['at']})" if s.restores else ""
     return Diagnosis(
-        f"{s.where()}: '{s.name[6:]}'{how} differs from the uninterrupted run's at the resume "
-        f"point ({key[6:]}{f' {name}' if name else ''}): its state was not restored as saved. "
+        f"{s.where()}: '{s.label}'{how} differs from the uninterrupted run's at the resume "
+        f"point ({split_key(key)[1]}{f' {name}' if name else ''}): its state was not restored as saved. "
         "Fix: save its state_dict() after the step that ends at the split and load it back "
         "into this object",
         "watched state",

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..compare import Comparison, value_difference
 from ..rank.encode import decode_float
+from ..rank.layout import watch_key, watched, watched_part
 from ..signature import Signature
 
 Steps = dict[int, dict[int, dict[str, Any]]]
@@ -72,10 +73,6 @@ class Evidence:
         return sig.restores if sig else []
 
 
-def stream_name(key: str) -> str:
-    return key[len("rng:") :]
-
-
 def norm_gap(a: Any, b: Any) -> Optional[float]:
     """Largest relative norm difference between two `{name: {hash, norm}}` sections."""
     if not isinstance(a, dict) or not isinstance(b, dict):
@@ -123,7 +120,7 @@ def scheduler_restarted(
 ) -> Optional[bool]:
     """True: the resumed scheduler counts from the resume; False: off by one; None: unknown."""
     for key, value in res[rank][step].items():
-        if key.startswith("watch:") and key.endswith(".last_epoch"):
+        if watched_part(key) == "last_epoch":
             ours, theirs = value, base[rank][step].get(key)
             if not isinstance(ours, int) or not isinstance(theirs, int) or ours == theirs:
                 return None
@@ -148,7 +145,8 @@ def is_content_key(key: str) -> bool:
 def optimizer_steps_differ(base: Steps, res: Steps, rank: int, step: int, keys: list[str]) -> bool:
     """Whether an optimizer's per-parameter `step` counts differ between the runs."""
     for key in keys:
-        if not key.endswith(".state") or not is_optimizer(base[rank][step], key[6:-6]):
+        obj, part = watched(key)
+        if part != "state" or not is_optimizer(base[rank][step], obj):
             continue
         a, b = base[rank][step].get(key) or {}, res[rank][step].get(key) or {}
         for name in set(a) & set(b):
@@ -162,4 +160,5 @@ def optimizer_steps_differ(base: Steps, res: Steps, rank: int, step: int, keys: 
 
 
 def is_optimizer(values: dict[str, Any], obj: str) -> bool:
-    return f"watch:{obj}.lr" in values
+    """Whether the watched object `obj` is an optimizer (it has learning rates)."""
+    return watch_key(obj, "lr") in values

@@ -6,14 +6,33 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..rank.layout import (
+    RNG,
+    WATCH,
+    audit_key,
+    section_names,
+    section_of,
+    split_key,
+    subject_of,
+    target_covers,
+    target_file,
+    watched,
+    watched_part,
+)
 from ..rank.loader import SECTIONS as LOADER_SECTIONS
 from ..rank.restore import is_load, is_seed
 from .evidence import Evidence
 
 
 def point_value(point: Optional[dict], key: str) -> Any:
-    section, _, name = key.partition(":")
+    """The value of an audit key in a resume-point snapshot (None where it has none)."""
+    section, name = split_key(key)
     return (point or {}).get(section, {}).get(name)
+
+
+def point_keys(point: Optional[dict], section: str) -> list[str]:
+    """The audit keys of one section of a resume-point snapshot."""
+    return [audit_key(section, name) for name in (point or {}).get(section, {})]
 
 
 def point_differences(ev: Evidence, rank: int) -> list[str]:
@@ -22,9 +41,9 @@ def point_differences(ev: Evidence, rank: int) -> list[str]:
     if base is None or res is None:
         return []
     keys = []
-    for section in ("rng", "watch"):
+    for section in section_names():
         a, b = base.get(section, {}), res.get(section, {})
-        keys += [f"{section}:{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        keys += [audit_key(section, k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     return keys
 
 
@@ -51,14 +70,19 @@ class Subject:
 
     @property
     def is_stream(self) -> bool:
-        return self.name.startswith("rng:")
+        return section_of(self.name) == RNG
+
+    @property
+    def label(self) -> str:
+        """Its name without the section: the watched object's (`model`), or the stream's."""
+        return split_key(self.name)[1]
 
     @property
     def kind(self) -> str:
         sections = {
-            k.rsplit(".", 1)[1]
-            for k in (self.res or {}).get("watch", {})
-            if k.startswith(self.name[6:] + ".")
+            part
+            for obj, part in map(watched, point_keys(self.res, WATCH))
+            if obj == self.label and not self.is_stream
         }
         if {"lr", "state"} <= sections:
             return "optimizer"
@@ -81,7 +105,7 @@ def checkpoint_read(log: list[dict[str, Any]], checkpoint: Optional[str]) -> int
     if checkpoint:
         inside = os.path.abspath(checkpoint)
         for i, entry in enumerate(log):
-            path = entry["what"][5:] if entry["what"].startswith("file ") else ""
+            path = target_file(entry["what"])
             if path and os.path.abspath(path).startswith(inside):
                 return i
     return next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))
@@ -89,8 +113,7 @@ def checkpoint_read(log: list[dict[str, Any]], checkpoint: Optional[str]) -> int
 
 def names(what: str, name: str) -> bool:
     """Whether a restore-log entry (`what`) restored `name` (`rng:cuda:*` is every cuda device)."""
-    what = what.split(" (")[0]
-    return what == name or (what.endswith(":*") and name.startswith(what[:-1]))
+    return target_covers(what, name)
 
 
 def subjects(ev: Evidence, rank: int) -> list[Subject]:
@@ -98,8 +121,7 @@ def subjects(ev: Evidence, rank: int) -> list[Subject]:
     schedulers, optimizers, other objects."""
     grouped: dict[str, list[str]] = {}
     for key in point_differences(ev, rank):
-        name = key if key.startswith("rng:") else key.rsplit(".", 1)[0]
-        grouped.setdefault(name, []).append(key)
+        grouped.setdefault(subject_of(key), []).append(key)
     found = [Subject(ev, rank, name, keys) for name, keys in grouped.items()]
     # a data loader's epoch and position decide how its sampler seeds and draws: it explains
     # a sampler generator's state, not the other way round; a scheduler sets its optimizer's
@@ -112,7 +134,7 @@ def equal_to_step(ev: Evidence, rank: int) -> Optional[int]:
     """The other uninterrupted step whose end-of-step parameters the resume point equals
     (None when the split's own are the same: no step to tell apart)."""
     _, res = ev.points(rank)
-    for key in (f"watch:{k}" for k in (res or {}).get("watch", {}) if k.endswith(".params")):
+    for key in (k for k in point_keys(res, WATCH) if watched_part(k) == "params"):
         steps = ev.base.get(rank, {})
         own = steps.get(ev.split, {}).get(key)
         for step, values in sorted(steps.items()):

@@ -12,7 +12,10 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from ..rank.accelerate import unwrap
 from ..rank.watch import shard_norm
+
+__all__ = ["grad_norm", "unwrap"]
 
 
 def grad_norm(parameters: Iterable[Any]) -> Optional[float]:
@@ -23,10 +26,3 @@ def grad_norm(parameters: Iterable[Any]) -> Optional[float]:
     """
     grads = [p.grad for p in parameters if getattr(p, "grad", None) is not None]
     return math.sqrt(sum(shard_norm(g) ** 2 for g in grads)) if grads else None
-
-
-def unwrap(obj: Any, attribute: str) -> Any:
-    """The framework's own object behind an accelerate/Lightning wrapper, so its state is
-    fingerprinted directly (`AcceleratedScheduler.scheduler`, `LightningOptimizer._optimizer`)."""
-    inner = getattr(obj, attribute, None)
-    return obj if inner is None else inner

@@ -20,9 +20,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import record as _record
-from . import restore, resume_point, rng
-from .context import RunContext, context
+from .context import RankState, RunContext, reset
 from .layout import (
     CONTEXT_ENV,
     RankStatus,
@@ -103,33 +101,29 @@ def _watch_owner(ctx: RunContext) -> None:
     threading.Thread(target=watch, name="resume-equiv-owner", daemon=True).start()
 
 
-_store: Any = None
-"""The rendezvous store a one-rank launch holds for its whole life."""
-
-
-def _host_store(ctx: RunContext) -> None:
+def _host_store(ctx: RunContext) -> Any:
     """What torchrun's agent does for its workers: hold a TCPStore on a port the kernel
     picked and still held (no other launch can take it), and tell `init_process_group`
-    (env://) to join it as a client."""
-    global _store
+    (env://) to join it as a client. The caller holds the store for the rank's whole life."""
     if not ctx.host_store:
-        return
+        return None
     try:
         import datetime
 
         import torch.distributed as dist
     except ImportError:  # a trainer without torch needs no store
-        return
+        return None
     if not dist.is_available():
-        return
-    _store = dist.TCPStore(
+        return None
+    store = dist.TCPStore(
         "127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=30), wait_for_workers=False
     )
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_store.port),
+        MASTER_PORT=str(store.port),
         TORCHELASTIC_USE_AGENT_STORE="True",
     )
+    return store
 
 
 def _resolve_callable(spec: str) -> Callable[..., Any]:
@@ -140,12 +134,12 @@ def _resolve_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
-def _run_target(argv: list[str]) -> None:
+def _run_target(argv: list[str], ctx: RunContext) -> None:
     kind, target, args = argv[0], argv[1], argv[2:]
     if kind == "--call":
         fn = _resolve_callable(target)
         sys.argv = [target, *args]
-        fn(context())
+        fn(ctx)
     elif kind == "--module":
         sys.argv = [target, *args]
         runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -157,30 +151,18 @@ def _run_target(argv: list[str]) -> None:
         raise SystemExit(f"pytest_resume_equiv.rank.bootstrap: unknown target kind {kind!r}")
 
 
-def _install_audit(ctx: RunContext) -> None:
+def _start_recording(state: RankState, ctx: RunContext) -> None:
     """Before the user's code: audit every generator it creates, seed the global streams,
-    then log every restore call and watch for the resume point (the plugin's own seeding is
-    not a restore)."""
-    try:
-        rng.install()
-    except ImportError:  # no torch: a plain Python trainer
-        pass
-    rng.seed_host_streams(ctx.seed + ctx.rank)
-    if ctx.device_kind == "npu":
-        try:
-            import torch_npu  # noqa: F401  (registers torch.npu, whose setters are wrapped)
-        except ImportError:
-            pass
-    if "torch" in sys.modules:
-        restore.install_torch()
-    restore.install_host()
-    resume_point.install(ctx)
+    log every restore call, watch for the resume point, and write the signature's header,
+    so even a rank that never records leaves a file saying so."""
+    state.install(seed=ctx.seed + ctx.rank)
+    state.open()
 
 
-def _run_user_code(argv: list[str]) -> RankStatus:
+def _run_user_code(argv: list[str], ctx: RunContext) -> RankStatus:
     """Run the target; how it ended, as the status file says it."""
     try:
-        _run_target(argv)
+        _run_target(argv, ctx)
     except SystemExit as exc:
         if exc.code in (None, 0):
             return RankStatus("ok")
@@ -196,8 +178,12 @@ def _run_user_code(argv: list[str]) -> RankStatus:
 
 
 def main(argv: list[str]) -> None:
+    """Run one rank: every piece of per-process state is made here (a fork server may call
+    it in a child forked from a process that imported the package), starting with the rank
+    state, made afresh from this process's environment."""
     _die_with_parent()
-    ctx = context()
+    state = reset()
+    ctx = state.context
     if ctx is None:
         raise SystemExit(
             f"pytest_resume_equiv.rank.bootstrap runs only under the plugin ({CONTEXT_ENV} unset)"
@@ -207,25 +193,27 @@ def main(argv: list[str]) -> None:
     write_pid(ctx.run_dir, rank, os.getpid())
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
-    _install_audit(ctx)
-    _record.open_signature()
+    _start_recording(state, ctx)
     _watch_owner(ctx)
     _wait_for_gate(ctx)
-    _host_store(ctx)
-    status = _run_user_code(argv)
-    if _record.is_open():
-        resume_point.at_exit(ctx, _record.writer())
-    _record.close()
+    store = _host_store(ctx)
+    status = _run_user_code(argv, ctx)
+    state.finish()
     write_status(ctx.run_dir, rank, status)
-    # Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL
-    # threads aborting in C++ static destructors (SIGABRT, "terminate called without an
-    # active exception") would otherwise turn a finished rank into a failed launch.
+    _leave(status.code, holding=store)
+
+
+def _leave(code: int, holding: Any) -> None:
+    """Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL
+    threads aborting in C++ static destructors (SIGABRT, "terminate called without an active
+    exception") would otherwise turn a finished rank into a failed launch. `holding` (the
+    rendezvous store of a one-rank launch) lives until the process ends."""
     try:
         atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status.code)
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,47 @@
-"""The run information a rank gets from the plugin: which phase, which steps, where to save.
+"""What a rank knows about its launch, and the one object that holds what it records.
 
 The plugin builds a `LaunchContext` per launch and hands it to every rank as JSON in
 RESUME_EQUIV_CONTEXT; each rank reads it back as its `RunContext` (the same fields plus its
 rank from torchrun's variables). One class on both sides: the schema cannot drift.
+
+`RankState` is everything one rank records: made once per process from that variable
+(`current()`, or `reset()` in `bootstrap.main` and in in-process tests), it owns the run
+context, the signature writer, the watched objects, the generator registry, the restore log
+and the resume point with its draw trace. The modules it is made of (record, watch, rng,
+restore, resume_point, trace) know nothing of each other: it hands each the part it needs.
+It lives beside `RunContext` because `ctx.record(...)` is a method of the context.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .layout import CONTEXT_ENV
+from .encode import encode
+from .layout import (
+    CONTEXT_ENV,
+    RNG,
+    WATCH,
+    generator_stream,
+    section_names,
+    signature_path,
+    stream_key,
+)
+from .preflight import capture as preflight_capture
+from .record import SignatureWriter, header
+from .restore import RestoreLog
+from .resume_point import ResumePoint, fingerprint_files
+from .rng import Generators, mutate, seed_host_streams, streams
 from .template import fill
+from .trace import DrawTrace, user_frame
+from .watch import Watched
 
 PHASES = ("uninterrupted", "interrupted", "resumed", "teeth", "launch")
 """uninterrupted: runs every step and saves at each split (the determinism control's rerun
@@ -110,9 +136,8 @@ class RunContext(LaunchContext):
         return step in self.save_at
 
     def record(self, step: int, **values: Any) -> None:
-        from .record import record
-
-        record(step, **values)
+        """`pytest_resume_equiv.record(step, **values)`."""
+        current().record(step, values)
 
     def init_process_group(self, **kwargs: Any) -> None:
         """`torch.distributed.init_process_group` with this launch's backend."""
@@ -123,24 +148,211 @@ class RunContext(LaunchContext):
         dist.init_process_group(backend=self.backend, **kwargs)
 
 
-_cached: Optional[RunContext] = None
-_looked = False
+def read_context(environ: Mapping[str, str]) -> Optional[RunContext]:
+    """The run context `environ` holds, or None when not running under the plugin."""
+    raw = environ.get(CONTEXT_ENV)
+    if not raw:
+        return None
+    launch = LaunchContext.from_json(raw)
+    return RunContext(
+        **{f.name: getattr(launch, f.name) for f in dataclasses.fields(LaunchContext)},
+        rank=int(environ.get("RANK", "0")),
+        local_rank=int(environ.get("LOCAL_RANK", "0")),
+        world_size=int(environ.get("WORLD_SIZE", "1")),
+    )
+
+
+Capture = Callable[["RankState"], dict[str, Any]]
+
+
+class RankState:
+    """Everything one rank records (see the module's docstring). Without a run context
+    (outside a test run) every call is a no-op."""
+
+    def __init__(self, context: Optional[RunContext]) -> None:
+        self.context = context
+        self.writer: Optional[SignatureWriter] = None
+        self.watched = Watched()
+        self.generators = Generators()
+        self.restores = RestoreLog()
+        window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
+        self.point = ResumePoint(window)
+
+    def record(self, step: int, values: Mapping[str, Any]) -> None:
+        """`record(step, **values)`: one step line, then what the step means for the resume
+        point and the teeth check."""
+        ctx = self.context
+        if ctx is None:
+            return
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"record(step=...) needs an int step number, got {step!r}")
+        encoded = {
+            key: encode(value, f"record(step={step}) value {key!r}")
+            for key, value in values.items()
+        }
+        writer = self.open()
+        if writer.records == 0:  # the training has set its knobs by its first step
+            writer.preflight(preflight_capture())
+        writer.write_step(step, encoded, self.capture())
+        self.restores.after_step = step
+        self.point.after_record(step, ctx.resuming, ctx.splits)
+        if ctx.phase == "teeth" and writer.records == 1:
+            # The teeth check: from here on every random stream is unrelated to the
+            # uninterrupted run's, so a signature that still matches cannot depend on random
+            # state at all.
+            with self.restores.unlogged():
+                mutate(self.generators)
+
+    def watch(self, objects: Mapping[str, Any]) -> None:
+        if self.context is not None:
+            self.watched.watch(**objects)
+
+    def track(self, generator: Any, name: str, ignore: bool = False) -> None:
+        if self.context is not None:
+            self.generators.track(generator, name, ignore=ignore)
+
+    def mark_resume_point(self, at: Optional[str] = None) -> None:
+        """`resume_point()`: the trainer marks the point from now on (forwards no longer do);
+        take the snapshot here if one is due."""
+        if self.context is None:
+            return
+        self.point.explicit = True
+        if self.point.armed is not None:
+            self.take_resume_point(at or user_frame(2))
+
+    def capture(self) -> dict[str, Any]:
+        """Every automatic section (layout.SECTIONS), as its capture function sees it now."""
+        return {name: CAPTURES[name](self) for name in section_names()}
+
+    def take_resume_point(self, at: str) -> None:
+        """Write the snapshot that is due: every section, the checkpoint's files, the draws
+        traced in the window (each knows how many restores came before it)."""
+        ctx = self.context
+        assert ctx is not None
+        split, draws = self.point.take()
+        checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
+        snapshot = {"split": split, "at": at, "time_ns": time.time_ns(), **self.capture()}
+        snapshot.update(
+            checkpoint=fingerprint_files(checkpoint), draws=draws, restores=self.restores.count
+        )
+        self.open().resume_point(snapshot)
+
+    def _on_forward(self, module: Any) -> None:
+        self.take_resume_point(f"first forward of {type(module).__name__} at {user_frame(2)}")
+
+    def _generator_restored(self, generator: Any, call: str) -> None:
+        if not self.restores.nested:
+            identity = self.generators.identity_of(generator)
+            self.restores.log(f"Generator.{call}", stream_key(generator_stream(identity)))
+
+    def open(self) -> SignatureWriter:
+        """This rank's signature, opened (its header written) on first use: the bootstrap
+        opens it before the user's code, so even a rank that never records leaves one."""
+        if self.writer is None:
+            ctx = self.context
+            assert ctx is not None, "no signature outside a test run"
+            first_line = header(
+                rank=ctx.rank,
+                local_rank=ctx.local_rank,
+                world_size=ctx.world_size,
+                phase=ctx.phase,
+                split=ctx.split if ctx.resuming else None,
+                splits=list(ctx.splits),
+                steps=ctx.steps,
+                device=ctx.device_kind,
+            )
+            path = signature_path(ctx.run_dir, ctx.rank)
+            self.writer = SignatureWriter(path, first_line, self._drain_restores)
+            atexit.register(self.close)
+        return self.writer
+
+    def _drain_restores(self) -> list[dict[str, Any]]:
+        return self.restores.drain(self.watched.name_of)
+
+    def close(self) -> None:
+        """The footer (and the names left out of the audit); later records are an error."""
+        if self.writer is not None:
+            self.writer.close(self.generators.ignored_keys())
+
+    def finish(self) -> None:
+        """The user's code ended (the bootstrap): a resumed run that ran no step (it loaded a
+        state that says training is over) takes its resume point now; then the footer."""
+        ctx = self.context
+        open_now = self.writer is not None and self.writer.is_open
+        if ctx is not None and open_now and ctx.resuming and self.point.armed is not None:
+            self.take_resume_point("the end of the run (no step ran after the load)")
+        self.close()
+
+    def install(self, seed: Optional[int] = None) -> None:
+        """Before the user's code (the bootstrap): audit every generator it creates, seed the
+        global streams from `seed`, then log every restore call and watch for the resume
+        point (the plugin's own seeding is not a restore)."""
+        ctx = self.context
+        assert ctx is not None, "install() outside a test run"
+        try:
+            self.generators.install(self._generator_restored)
+        except ImportError:  # no torch: a plain Python trainer
+            pass
+        if seed is not None:
+            seed_host_streams(seed)
+        if ctx.device_kind == "npu":
+            try:
+                import torch_npu  # noqa: F401  (registers torch.npu, whose setters are wrapped)
+            except ImportError:
+                pass
+        if "torch" in sys.modules:
+            self.restores.install_torch()
+        self.restores.install_host()
+        if ctx.resuming:
+            self.restores.listeners.append(self.point.on_restore)
+        self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
+
+    def uninstall(self) -> None:
+        """Undo `install` (a rank never needs it; an in-process test does)."""
+        self.point.uninstall()
+        self.restores.uninstall()
+        self.restores.listeners.clear()
+        self.generators.uninstall()
+
+
+CAPTURES: dict[str, Capture] = {
+    RNG: lambda state: streams(state.generators),
+    WATCH: lambda state: state.watched.audit(),
+}
+"""The capture function of every section layout.SECTIONS declares: a new section of a step
+line (a GradScaler's scale, an EMA, FP8 scaling state) is one entry there and one here."""
+
+
+def _checkpoint_of(ctx: RunContext, split: int) -> Optional[str]:
+    try:
+        return ctx.checkpoint_for(split)
+    except (RuntimeError, ValueError):
+        return None
+
+
+_current: Optional[RankState] = None
+
+
+def current() -> RankState:
+    """This process's rank state, made from the environment on first use."""
+    return _current if _current is not None else reset()
+
+
+def reset(environ: Optional[Mapping[str, str]] = None) -> RankState:
+    """Start this process's rank state afresh from `environ` (default: `os.environ`).
+
+    `bootstrap.main` calls it first, so a rank forked from a process that imported the package
+    never inherits that process's state; an in-process test calls it to become a rank (after
+    setting RESUME_EQUIV_CONTEXT) and again to stop being one. The previous state's wrappers
+    and hooks are removed; its signature file is left as it is (close it first).
+    """
+    global _current
+    if _current is not None:
+        _current.uninstall()
+    _current = RankState(read_context(os.environ if environ is None else environ))
+    return _current
 
 
 def context() -> Optional[RunContext]:
     """The current rank's run context, or None when not running under the plugin."""
-    global _cached, _looked
-    if _looked:
-        return _cached
-    _looked = True
-    raw = os.environ.get(CONTEXT_ENV)
-    if not raw:
-        return None
-    launch = LaunchContext.from_json(raw)
-    _cached = RunContext(
-        **{f.name: getattr(launch, f.name) for f in dataclasses.fields(LaunchContext)},
-        rank=int(os.environ.get("RANK", "0")),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-    )
-    return _cached
+    return current().context

@@ -11,7 +11,7 @@ import math
 import struct
 from typing import Any, Optional
 
-from .fingerprint import content_hash, describe
+from .fingerprint import content_hash, describe, local_shard
 from .layout import FLOAT_TAG, TENSOR_TAG
 
 RECORDABLE = (
@@ -89,7 +89,7 @@ def state_fingerprint(value: Any) -> Any:
 
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return content_hash(value)
+        return tensor_fingerprint(value)
     if isinstance(value, dict):
         return {str(k): state_fingerprint(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -98,3 +98,25 @@ def state_fingerprint(value: Any) -> Any:
         return encode(value, "state")
     except TypeError:
         return repr(value)
+
+
+def tensor_fingerprint(tensor: Any) -> Any:
+    """A floating tensor as the audit keeps it: its exact hash and, where a tolerance or a
+    measured noise applies, its norm, mean and largest magnitude (float32 or better, one
+    reduction); any other tensor (counts, generator states) by its hash alone."""
+    import torch
+
+    local = local_shard(tensor)
+    if not (local.is_floating_point() or local.is_complex()):
+        return content_hash(local)
+    found: dict[str, Any] = {"hash": content_hash(local)}
+    values = local.reshape(-1)
+    if local.is_complex():
+        values = torch.view_as_real(values).reshape(-1)
+    if values.numel() == 0:
+        return found
+    work = values if values.dtype in (torch.float32, torch.float64) else values.to(torch.float32)
+    stats = torch.stack([torch.linalg.vector_norm(work), work.mean(), work.abs().max()])
+    norm, mean, absmax = stats.cpu().tolist()
+    found.update(norm=encode_float(norm), mean=encode_float(mean), absmax=encode_float(absmax))
+    return found

@@ -9,6 +9,7 @@ with integer arithmetic and only a few bytes cross to the host.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -81,25 +82,28 @@ def device_digest(flat: Any) -> str:
     return f"{nbytes:x}-{first.item() & _MASK64:016x}{second.item() & _MASK64:016x}"
 
 
-_pool: Any = None
+@functools.cache
+def _pool() -> Any:
+    """The hashing threads, started on first use (a process forked after that starts its own:
+    threads do not survive a fork)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = min(
+        HASH_THREADS,
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+    )
+    return ThreadPoolExecutor(max(1, threads), thread_name_prefix="resume-equiv-hash")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 def _hash_pieces(data: Any) -> str:
     """xxh3 is faster than one core can read memory; several threads (it releases the GIL
     on large buffers) bring a big tensor's fingerprint close to the memory bandwidth."""
-    global _pool
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        threads = min(
-            HASH_THREADS,
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1,
-        )
-        _pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="resume-equiv-hash")
     pieces = [data[i : i + HASH_CHUNK] for i in range(0, len(data), HASH_CHUNK)]
-    digests = _pool.map(lambda piece: bytes.fromhex(hash_bytes(piece)), pieces)
+    digests = _pool().map(lambda piece: bytes.fromhex(hash_bytes(piece)), pieces)
     return "p" + hash_bytes(b"".join(digests))
 
 

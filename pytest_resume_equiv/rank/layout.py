@@ -1,5 +1,6 @@
 """The whole contract between the plugin and the ranks it launches: every file of a run
-directory, the run context's variable, and the status file's schema.
+directory, the run context's variable, the status file's schema, and the signature's lines and
+sections (the keys a step line is read back as, and the helpers that build and split them).
 
 Both sides import it, so the writer (a rank) and the reader (the plugin) cannot drift apart.
 A run directory looks like this::
@@ -23,7 +24,7 @@ import json
 import os
 import socket
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 CONTEXT_ENV = "RESUME_EQUIV_CONTEXT"
 """Environment variable holding the JSON run context; its presence switches the API on."""
@@ -178,3 +179,210 @@ def read_status(run_dir: str, rank: int) -> Optional[RankStatus]:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# The signature's lines. Every line after the header is one JSON object: a step line
+# `{"step": N, "values": {...}, "<section>": {...}, ...}`, or `{"<kind>": payload}` for one
+# of LINE_KINDS. The writer (rank/record.py, fed by rank/context.py) and the reader
+# (signature.py) both build and split what they hold with the names and helpers below.
+
+STEP = "step"
+VALUES = "values"
+"""A step line's own keys: the step number, and the user's recorded values."""
+
+RESTORE = "restore"
+"""A restore-log entry (`{"call", "what", "at", "after_step"}`), written before the next line."""
+RESUME_POINT = "resume_point"
+"""A resume-point snapshot: every capture section, the draws traced, the checkpoint's files."""
+IGNORED = "ignored"
+"""The audit keys the trainer left out on purpose (`track(..., ignore=True)`)."""
+PREFLIGHT = "preflight"
+"""The determinism knobs as the training set them (`rank/preflight.py`), at the first record."""
+END = "end"
+"""The footer (`{"records": N}`): the rank finished recording and closed the file."""
+LINE_KINDS = (END, RESTORE, RESUME_POINT, IGNORED, PREFLIGHT)
+"""The lines that are not steps, each `{kind: payload}`."""
+
+
+def line_kind(line: dict) -> str:
+    """Which kind of line a parsed signature line is (STEP when it is none of LINE_KINDS)."""
+    return next((kind for kind in LINE_KINDS if kind in line), STEP)
+
+
+@dataclass(frozen=True)
+class Section:
+    """An automatic section of a step line, captured at every `record` (and in the resume-point
+    snapshot) by the capture function registered under its name (`rank/context.py`, CAPTURES).
+    The reader flattens it beside the user's values as keys `<name>:<entry>`; the user's keys
+    are identifiers, so they cannot collide. A new section is one entry here plus its capture."""
+
+    name: str
+    holds: str
+    fingerprints: bool = False
+    """Its values are content fingerprints: compared bit for bit, or through the statistics
+    beside them (norm, mean, largest magnitude) under a tolerance or a measured noise."""
+
+
+RNG = "rng"
+WATCH = "watch"
+SECTIONS = (
+    Section(
+        RNG,
+        "every random stream of the rank: `cpu`, `<device>:<index>`, `numpy`, `python`, and "
+        "`generator <creation site> #k` (or the name given to `track`)",
+    ),
+    Section(
+        WATCH,
+        "the watched objects' fingerprints, as `<object>.<part>` (model.params, optimizer.lr)",
+        fingerprints=True,
+    ),
+)
+
+
+def section_names() -> tuple[str, ...]:
+    """The automatic sections' names, in the order they are captured and read back."""
+    return tuple(section.name for section in SECTIONS)
+
+
+def audit_key(section: str, name: str) -> str:
+    """The key a section's entry is read back as (`rng` + `cpu` -> `rng:cpu`)."""
+    return f"{section}:{name}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(section, entry) of an audit key; ("", key) for one of the user's keys."""
+    section, colon, name = key.partition(":")
+    return (section, name) if colon and section in section_names() else ("", key)
+
+
+def section_of(key: str) -> str:
+    """The section an audit key belongs to; "" for one of the user's keys."""
+    return split_key(key)[0]
+
+
+def is_audit_key(key: str) -> bool:
+    """A key the in-rank audit added (`rng:...`, `watch:...`), not one the user recorded."""
+    return section_of(key) != ""
+
+
+def is_fingerprint_key(key: str) -> bool:
+    """A key whose values are fingerprints (a tolerance applies to their statistics only)."""
+    section = section_of(key)
+    return any(s.name == section and s.fingerprints for s in SECTIONS)
+
+
+# The watch section: entries `<object>.<part>`; parts never hold a dot, objects may.
+
+
+def watched_name(obj: str, part: str) -> str:
+    """A watch section's entry: `model` + `params` -> `model.params`."""
+    return f"{obj}.{part}"
+
+
+def watch_key(obj: str, part: str) -> str:
+    """The key of one part of a watched object (`watch:model.params`)."""
+    return audit_key(WATCH, watched_name(obj, part))
+
+
+def watched_subject(obj: str) -> str:
+    """How the audit names a watched object as a whole (`watch:model`): the restore log's
+    target for it, and the diagnosis's subject."""
+    return audit_key(WATCH, obj)
+
+
+def watched(key: str) -> tuple[str, str]:
+    """(object, part) of a watch key (`watch:model.params` -> model, params); ("", "") for any
+    other key."""
+    section, name = split_key(key)
+    if section != WATCH:
+        return "", ""
+    obj, _, part = name.rpartition(".")
+    return obj, part
+
+
+def watched_part(key: str) -> str:
+    """The part of a watch key (`params`); "" for any other key."""
+    return watched(key)[1]
+
+
+def subject_of(key: str) -> str:
+    """What an audit key is about: a stream is its own subject, a watched part belongs to its
+    object (`watch:model.params` -> `watch:model`)."""
+    obj, _ = watched(key)
+    return watched_subject(obj) if obj else key
+
+
+# The rng section: entries are stream names.
+
+DEVICE_KINDS = ("cuda", "npu", "xpu")
+"""The accelerators whose streams the audit reads, one per local device (`cuda:0`)."""
+ALL_DEVICES = "*"
+"""The index of a restore-log target that stands for every device of a kind (`rng:cuda:*`)."""
+GENERATOR = "generator"
+
+
+def stream_key(stream: str) -> str:
+    """The key of a random stream (`cpu` -> `rng:cpu`)."""
+    return audit_key(RNG, stream)
+
+
+def device_stream(kind: str, index: Any) -> str:
+    """A device's stream (`cuda`, 0 -> `cuda:0`; `cuda`, ALL_DEVICES -> every cuda device)."""
+    return f"{kind}:{index}"
+
+
+def generator_stream(identity: str) -> str:
+    """A `torch.Generator`'s stream, by its creation site (`train.py:12 #0`) or given name."""
+    return f"{GENERATOR} {identity}"
+
+
+def generator_site(key: str) -> Optional[str]:
+    """Where a generator's stream key says it was made (or its given name); None for any key
+    that is not a generator's stream."""
+    section, stream = split_key(key)
+    prefix = f"{GENERATOR} "
+    return stream[len(prefix) :] if section == RNG and stream.startswith(prefix) else None
+
+
+def stream_kind(key: str) -> str:
+    """The kind of a stream key: cpu, cuda, npu, xpu, numpy, python or generator; "" for a key
+    that is not a stream's."""
+    section, stream = split_key(key)
+    if section != RNG:
+        return ""
+    return GENERATOR if generator_site(key) is not None else stream.partition(":")[0]
+
+
+def device_index(key: str) -> str:
+    """The device index of a device stream key (`rng:cuda:1` -> `1`); "" for any other key."""
+    section, stream = split_key(key)
+    return stream.partition(":")[2] if section == RNG and generator_site(key) is None else ""
+
+
+# Restore-log targets ("what" was restored): an audit key or subject, a file, or a class name.
+
+FILE_TARGET = "file"
+
+
+def file_target(path: str) -> str:
+    """The target of a restore that read a file (`file <path>`; `file` when it has no name)."""
+    return f"{FILE_TARGET} {path}" if path else FILE_TARGET
+
+
+def target_file(what: str) -> Optional[str]:
+    """The path a restore-log target read, if it is a file's."""
+    prefix = f"{FILE_TARGET} "
+    return what[len(prefix) :] if what.startswith(prefix) else None
+
+
+def submodule_target(subject: str, submodule: str) -> str:
+    """A restore of a submodule of a watched module: `watch:model (encoder.0)`."""
+    return f"{subject} ({submodule})"
+
+
+def target_covers(what: str, key: str) -> bool:
+    """Whether a restore-log target restored the audit subject or key `key`: the same name (a
+    submodule's restore counts for its module), or every device of a kind (`rng:cuda:*`)."""
+    what = what.split(" (")[0]
+    every = f":{ALL_DEVICES}"
+    return what == key or (what.endswith(every) and key.startswith(what[: -len(ALL_DEVICES)]))

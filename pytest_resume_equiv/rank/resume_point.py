@@ -13,96 +13,67 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from . import restore, rng, trace, watch
-from .context import RunContext
-
-_state: dict[str, Any] = {"armed": None, "explicit": False, "hook": None}
-"""armed: the split a snapshot is due for (None: none due); explicit: the trainer marks the
-point itself (`resume_point()`), so forward passes do not."""
-_window = trace.DrawTrace()
+from .restore import Entry, is_seed
+from .trace import DrawTrace
 
 
-def install(ctx: RunContext) -> None:
-    """Arm a resumed launch from the start; hook module forwards (once torch is imported)."""
-    if ctx.resuming:
-        _state["armed"] = ctx.split
-        restore.on_restore(_open_window)
-    torch = sys.modules.get("torch")
-    if torch is not None and _state["hook"] is None:
-        hooks = torch.nn.modules.module
-        _state["hook"] = hooks.register_module_forward_pre_hook(_on_forward)
+class ResumePoint:
+    """When the snapshot is due, whether the trainer marks the point itself, the forward hook
+    that otherwise marks it, and the draw trace of the window before it. What the snapshot
+    holds is the rank state's business (`RankState.take_resume_point`)."""
 
+    def __init__(self, window: DrawTrace) -> None:
+        self.window = window
+        self.armed: Optional[int] = None
+        """The split a snapshot is due for (None: none due)."""
+        self.explicit = False
+        """The trainer marks the point itself (`resume_point()`), so forward passes do not."""
+        self.hook: Any = None
 
-def _open_window(entry: dict[str, Any]) -> None:
-    """A resumed run's window opens where the resume begins: the first restore that is not
-    the trainer seeding its streams before it reads the checkpoint."""
-    if _state["armed"] is not None and not _window.active and not restore.is_seed(entry["call"]):
-        _window.start()
+    def install(self, resuming_after: Optional[int], on_forward: Callable[[Any], None]) -> None:
+        """Arm a resumed launch (`resuming_after` its split) from the start; hook module
+        forwards (once torch is imported): `on_forward(module)` at each while one is due."""
+        if resuming_after is not None:
+            self.armed = resuming_after
+        torch = sys.modules.get("torch")
+        if torch is not None and self.hook is None:
 
+            def hook(module: Any, args: Any) -> None:
+                if self.armed is not None and not self.explicit:
+                    on_forward(module)
 
-def after_record(ctx: RunContext, step: int, write: Any) -> None:
-    """Called by `record`: a split arms the uninterrupted run; a record while armed means no
-    forward came first, and the point is given up (the per-step audit still compares)."""
-    if _state["armed"] is not None:
-        _window.stop()
-        _state["armed"] = None
-    if not ctx.resuming and step in ctx.splits:
-        _state["armed"] = step
-        _window.start()
+            self.hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
+    def uninstall(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        self.window.stop()
 
-def mark(ctx: Optional[RunContext], write: Any, at: Optional[str] = None) -> None:
-    """`req.resume_point()`: take the snapshot here if one is due."""
-    _state["explicit"] = True
-    if ctx is not None and _state["armed"] is not None:
-        _take(ctx, write, at or trace.user_frame(2))
+    def on_restore(self, entry: Entry) -> None:
+        """A resumed run's window opens where the resume begins: the first restore that is
+        not the trainer seeding its streams before it reads the checkpoint."""
+        if self.armed is not None and not self.window.active and not is_seed(entry["call"]):
+            self.window.start()
 
+    def after_record(self, step: int, resuming: bool, splits: tuple[int, ...]) -> None:
+        """A split arms the uninterrupted run; a record while armed means no forward came
+        first, and the point is given up (the per-step audit still compares)."""
+        if self.armed is not None:
+            self.window.stop()
+            self.armed = None
+        if not resuming and step in splits:
+            self.armed = step
+            self.window.start()
 
-def _on_forward(module: Any, args: Any) -> None:
-    if _state["armed"] is None or _state["explicit"]:
-        return
-    from .context import context
-    from .record import writer
-
-    ctx = context()
-    if ctx is not None:
-        _take(ctx, writer(), f"first forward of {type(module).__name__} at {trace.user_frame(2)}")
-
-
-def _take(ctx: RunContext, write: Any, at: str) -> None:
-    split = _state["armed"]
-    _state["armed"] = None
-    draws = _window.stop()
-    checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
-    write.resume_point(
-        {
-            "split": split,
-            "at": at,
-            "time_ns": time.time_ns(),
-            "rng": rng.audit(),
-            "watch": watch.audit(),
-            "checkpoint": fingerprint_files(checkpoint),
-            "draws": draws,  # each knows how many restores came before it
-            "restores": restore.count(),
-        }
-    )
-
-
-def at_exit(ctx: RunContext, write: Any) -> None:
-    """A resumed run that ends before any step (it loaded a state that says training is
-    over): its state at the end stands for the resume point."""
-    if ctx.resuming and _state["armed"] is not None:
-        _take(ctx, write, "the end of the run (no step ran after the load)")
-
-
-def _checkpoint_of(ctx: RunContext, split: int) -> Optional[str]:
-    try:
-        return ctx.checkpoint_for(split)
-    except (RuntimeError, ValueError):
-        return None
+    def take(self) -> tuple[int, list[dict[str, Any]]]:
+        """Disarm: (the split the snapshot is for, the draws traced in its window)."""
+        split = self.armed
+        assert split is not None, "take() with no resume point due"
+        self.armed = None
+        return split, self.window.stop()
 
 
 def fingerprint_files(path: Optional[str]) -> Optional[dict[str, Any]]:

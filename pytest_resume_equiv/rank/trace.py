@@ -10,13 +10,16 @@ them for a moment.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+from .layout import device_stream, generator_stream, stream_key
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The plugin's package: its frames are never the user's."""
-_SKIP_DIRS: list[str] = []
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__))
 MAX_DRAWS = 200
 """Draws kept per window: the first ones say what advanced a stream; the rest only repeat."""
 
@@ -27,14 +30,21 @@ def _skipped(path: str) -> bool:
     return any(path.startswith(d) for d in _skipped_dirs())
 
 
-def _skipped_dirs() -> list[str]:
-    """torch's and the standard library's folders, found once torch is imported."""
-    if not _SKIP_DIRS:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            _SKIP_DIRS.append(os.path.dirname(os.path.abspath(torch.__file__)))
-        _SKIP_DIRS.append(os.path.dirname(os.path.abspath(os.__file__)))
-    return _SKIP_DIRS
+def _skipped_dirs() -> tuple[str, ...]:
+    """torch's folder (once torch is imported) and the standard library's."""
+    torch_folder = torch_dir()
+    return (torch_folder, _STDLIB_DIR) if torch_folder else (_STDLIB_DIR,)
+
+
+def torch_dir() -> Optional[str]:
+    """torch's installed folder, None while torch is not imported."""
+    torch = sys.modules.get("torch")
+    return _dir_of(torch.__file__) if torch is not None else None
+
+
+@functools.cache
+def _dir_of(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
 
 
 def short_path(path: str) -> str:
@@ -73,17 +83,22 @@ def user_frame(depth: int = 1) -> str:
 
 def called_from_torch(depth: int) -> bool:
     """Whether the frame `depth` levels up is torch's own code."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    folder = torch_dir()
+    if folder is None:
         return False
-    path = os.path.abspath(sys._getframe(depth).f_code.co_filename)
-    return path.startswith(os.path.dirname(os.path.abspath(torch.__file__)))
+    return os.path.abspath(sys._getframe(depth).f_code.co_filename).startswith(folder)
 
 
 class DrawTrace:
-    """The random draws of one window, between `start()` and `stop()`."""
+    """The random draws of one window, between `start()` and `stop()`.
 
-    def __init__(self) -> None:
+    `restores` says how many restores the run has logged (each draw keeps it), and
+    `generator_name` how the audit names a `torch.Generator` an op drew from.
+    """
+
+    def __init__(self, restores: Callable[[], int], generator_name: Callable[[Any], str]) -> None:
+        self.restores = restores
+        self.generator_name = generator_name
         self.draws: list[dict[str, Any]] = []
         self.active = False
         self._mode: Any = None
@@ -113,15 +128,13 @@ class DrawTrace:
     def add(self, op: str, stream: str, shape: Optional[list[int]] = None) -> None:
         """One draw, with how many restores the run had logged before it."""
         if len(self.draws) < MAX_DRAWS:
-            from .restore import count
-
             self.draws.append(
                 {
                     "op": op,
                     "stream": stream,
                     "shape": shape,
                     "at": user_frame(3),
-                    "after_restores": count(),
+                    "after_restores": self.restores(),
                 }
             )
 
@@ -133,9 +146,9 @@ def _patch_host_draws(window: DrawTrace) -> list[tuple[Any, str, Any]]:
     """For the window: the module functions of Python's and numpy's global generators
     (`random.random`, `np.random.rand`, ... are methods of one hidden instance) log a draw."""
     patched = []
-    targets = [("random", "_inst", "rng:python")]
+    targets = [("random", "_inst", stream_key("python"))]
     if "numpy" in sys.modules:
-        targets.append(("numpy.random", "mtrand._rand", "rng:numpy"))
+        targets.append(("numpy.random", "mtrand._rand", stream_key("numpy")))
     for module_name, instance_path, stream in targets:
         module = sys.modules.get(module_name)
         instance: Any = module
@@ -165,8 +178,6 @@ def _torch_mode(trace: DrawTrace) -> Any:
         return None
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from . import rng
-
     seeded = torch.Tag.nondeterministic_seeded
 
     class SeededOps(TorchDispatchMode):
@@ -175,7 +186,7 @@ def _torch_mode(trace: DrawTrace) -> Any:
             out = func(*args, **kwargs)
             if seeded in getattr(func, "tags", ()):
                 try:
-                    trace.add(_op_name(func), _torch_stream(rng, kwargs, out), _shape(out))
+                    trace.add(_op_name(func), _torch_stream(trace, kwargs, out), _shape(out))
                 except Exception:  # the trace explains; it must never break training
                     pass
             return out
@@ -188,14 +199,14 @@ def _op_name(func: Any) -> str:
     return getattr(packet, "__name__", None) or str(func)
 
 
-def _torch_stream(rng: Any, kwargs: dict, out: Any) -> str:
+def _torch_stream(trace: DrawTrace, kwargs: dict, out: Any) -> str:
     generator = kwargs.get("generator")
     if generator is not None:
-        return f"rng:generator {rng.identity_of(generator)}"
+        return stream_key(generator_stream(trace.generator_name(generator)))
     device = getattr(out, "device", None)
     if device is None or device.type == "cpu":
-        return "rng:cpu"
-    return f"rng:{device.type}:{device.index or 0}"
+        return stream_key("cpu")
+    return stream_key(device_stream(device.type, device.index or 0))
 
 
 def _shape(out: Any) -> Optional[list[int]]:

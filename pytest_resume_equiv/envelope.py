@@ -1,4 +1,5 @@
-"""Equivalence of a run resumed on another topology (`resume_nproc=`, `resume_nnodes=`).
+"""The envelope comparison: a run resumed on another topology (`resume_nproc=`,
+`resume_nnodes=`), held to what a different number of ranks cannot change.
 
 On another number of ranks the reduction order changes, so bitwise equality is not the
 contract. What is:
@@ -14,20 +15,22 @@ contract. What is:
 - steps: every rank of the resumed run records exactly the steps after the split.
 
 Per-rank values (a rank's own loss, RNG streams, shard fingerprints) have no counterpart on
-another topology; they are listed as not compared. Pure: data in, data out.
+another topology; they are listed as not compared. Pure: data in, data out; what it held
+the run to is the comparison's fact (`TopologyFacts`), which renders itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import facts
 from .accounting import DataAccount, account, global_ids, is_identity_key, shared_across_ranks
-from .compare import Comparison, Divergence, is_audit_key, value_difference
-from .diagnose import Diagnosis
-from .rank.layout import FLOAT_TAG, TENSOR_TAG
+from .compare import Comparison, Divergence, value_difference
+from .rank.layout import FLOAT_TAG, TENSOR_TAG, is_audit_key
 from .relax import ToleranceRule, tolerance_for
 from .signature import Signature
 from .step_problems import step_problems
@@ -66,8 +69,21 @@ class Envelope:
         )
 
 
+def account_from_json(data: dict[str, Any]) -> DataAccount:
+    """A data account as `dataclasses.asdict` wrote it (JSON has lists where it had tuples)."""
+    replayed, epochs = data.get("replayed"), data.get("epochs")
+    return DataAccount(
+        **{
+            **data,
+            "replayed": (list(replayed[0]), list(replayed[1])) if replayed else None,
+            "epochs": (int(epochs[0]), int(epochs[1])) if epochs else None,
+        }
+    )
+
+
+@facts.fact("topology")
 @dataclass
-class TopologyCheck:
+class TopologyFacts:
     """What a resume on another topology was held to, and how it did."""
 
     nproc: tuple[int, int]
@@ -89,10 +105,11 @@ class TopologyCheck:
     def outside(self) -> list[Envelope]:
         return [e for e in self.envelopes if not e.inside]
 
-    def lines(self) -> list[str]:
+    def lines(self, label: str = "") -> list[str]:
         """The verdict in words: data first, then the values, then what was not compared."""
         a, b = self.nproc
-        lines = [f"resumed on {b} rank{'s' * (b != 1)} (uninterrupted on {a}):"]
+        head = f"resumed on {b} rank{'s' * (b != 1)} (uninterrupted on {a}):"
+        lines = [f"{label}: {head}" if label else head]
         if not self.data:
             lines.append("  data: no sample ids recorded, so the data was not accounted")
         for item in self.data:
@@ -111,6 +128,32 @@ class TopologyCheck:
                 + (", ..." if len(self.per_rank) > 8 else "")
             )
         return lines
+
+    def summary(self, label: str = "") -> list[str]:
+        return self.lines(label)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nproc": list(self.nproc),
+            "data": [dataclasses.asdict(item) for item in self.data],
+            "envelopes": [dataclasses.asdict(e) for e in self.envelopes],
+            "exact": self.exact,
+            "per_rank": self.per_rank,
+            "shared": self.shared,
+            "text": self.lines(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopologyFacts:
+        a, b = data["nproc"]
+        return cls(
+            (int(a), int(b)),
+            [account_from_json(item) for item in data.get("data", [])],
+            [Envelope(**e) for e in data.get("envelopes", [])],
+            list(data.get("exact", [])),
+            list(data.get("per_rank", [])),
+            list(data.get("shared", [])),
+        )
 
     def unchecked(self) -> str:
         """A warning when nothing could be held to the contract."""
@@ -131,17 +174,17 @@ def compare_topology(
     steps: int,
     tolerance: Sequence[ToleranceRule] = (),
     skip_steps: int = 0,
-) -> tuple[Comparison, TopologyCheck]:
+) -> Comparison:
     """Hold `res` (resumed on another topology) to the uninterrupted run `base`, with `other`
     (uninterrupted on the resumed topology) giving the envelope."""
-    check = TopologyCheck((len(base), len(res)))
-    cmp = Comparison(split=split, steps=steps, world_size=len(res))
+    check = TopologyFacts((len(base), len(res)))
+    cmp = Comparison(split=split, steps=steps, world_size=len(res), facts=[check])
     reference = base.get(0)
     for rank, sig in sorted(res.items()):
         if reference is not None:
             cmp.problems += step_problems(rank, base.get(rank, reference), sig, split, steps)
     if cmp.problems or reference is None:
-        return cmp, check
+        return cmp
     first = split + 1 + skip_steps
     check.data = account(base, res, split, steps)
     for item in check.data:
@@ -167,7 +210,7 @@ def compare_topology(
     cmp.divergence = _first_data_difference(base, res, check, first, steps) or _first_outside(
         base_steps, res, check, first, steps
     )
-    return cmp, check
+    return cmp
 
 
 def _keys(run: Run) -> set[str]:
@@ -246,7 +289,7 @@ def _envelope(
 
 
 def _first_data_difference(
-    base: Run, res: Run, check: TopologyCheck, first: int, steps: int
+    base: Run, res: Run, check: TopologyFacts, first: int, steps: int
 ) -> Optional[Divergence]:
     """The first step whose global batch holds other samples."""
     for item in check.data:
@@ -269,7 +312,7 @@ def _first_data_difference(
 
 
 def _first_outside(
-    base: Steps, res: Run, check: TopologyCheck, first: int, steps: int
+    base: Steps, res: Run, check: TopologyFacts, first: int, steps: int
 ) -> Optional[Divergence]:
     """The first step at which a global value leaves its envelope, or a non-numeric global
     value differs."""
@@ -296,47 +339,3 @@ def _first_outside(
                     why = "a value equal on every rank differs"
                 return Divergence(step, rank, key, key, expected, actual, why)
     return None
-
-
-def topology_diagnosis(cmp: Comparison, check: TopologyCheck) -> Optional[Diagnosis]:
-    """Data before values: other samples explain other values. Beyond that the per-rank audit
-    has no counterpart on another topology, so the cause stays unknown."""
-    if cmp.equal or cmp.divergence is None:
-        return None
-    a, b = check.nproc
-    wrong = [item for item in check.data if not item.exact]
-    if wrong:
-        keys = ", ".join(item.key for item in wrong)
-        return Diagnosis(
-            f"data not equivalent on {b} rank{'s' * (b != 1)}: over the global batch the resumed "
-            f"run consumed other samples ({keys}, listed above) than the uninterrupted run on "
-            f"{a}: a bug, not numeric noise",
-            "data order",
-            _data_notes(check, wrong, a, b),
-        )
-    div = cmp.divergence
-    return Diagnosis(
-        f"every sample was consumed exactly once at the same step, but {div.key!r} left "
-        f"the topology's noise at step {div.step}: cause unknown (per-rank state cannot be "
-        "compared across topologies); resume on the same topology (without resume_nproc=) "
-        "for a diagnosis",
-        "unknown",
-    )
-
-
-def _data_notes(check: TopologyCheck, wrong: list[DataAccount], a: int, b: int) -> list[str]:
-    """What the accounting shows about how: ranks sharing samples (the data is not sharded),
-    or the resumed run starting from another place in the data."""
-    if check.shared:
-        return [
-            f"{check.shared[0]}: the data is not sharded across ranks, so the global batch "
-            "changes with the number of ranks (a process group the loader does not use? "
-            "accelerate on CPU runs distributed only with Accelerator(cpu=True))"
-        ]
-    if any(item.replayed or item.from_earlier for item in wrong):
-        return [
-            "the resumed run started from an earlier place in the data: a position saved as "
-            f"one of {a} rank{'s' * (a != 1)}' own count means something else to {b}; save "
-            "and skip it in global samples (steps x global batch), not per process"
-        ]
-    return []

@@ -1,0 +1,77 @@
+"""The checks of a resume test, one module per kind, and the one registry of them.
+
+Adding a check is one module with a `Check` subclass and one line in `CHECKS`. The order of
+`CHECKS` is the order in which checks plan (their launches start in that order, after the
+launches that load no checkpoint) and in which they see each other's verdicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..devices import Device
+from ..plan import PlannedLaunch, Planner, RunRequest
+from ..settings import TestSettings
+from .base import Check, Judging, Verdict
+from .chain import ChainLink
+from .control import Control
+from .direct import Direct
+from .repeat import Repeat
+from .resume import Resume
+from .teeth import Teeth
+from .topology import OtherTopology
+
+CHECKS: tuple[type[Check], ...] = (
+    Resume,
+    ChainLink,
+    OtherTopology,
+    Teeth,
+    Direct,
+    Control,
+    Repeat,
+)
+
+__all__ = ["CHECKS", "Check", "Judging", "Plan", "Verdict", "build_plan", "kind_of"]
+
+
+def kind_of(kind: str) -> type[Check]:
+    """The check class behind a verdict's `check` (a verdict read back from JSON too)."""
+    found = next((c for c in CHECKS if c.kind == kind), None)
+    return found if found is not None else Check
+
+
+@dataclass
+class Plan:
+    launches: list[PlannedLaunch] = field(default_factory=list)
+    """Every launch a check may need, in start order (those that load no checkpoint first)."""
+    checks: list[Check] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the test author should know before the launches start."""
+
+    @property
+    def started(self) -> list[PlannedLaunch]:
+        """The launches that always run (the on-demand ones only when a check asks)."""
+        return [p for p in self.launches if not p.on_demand]
+
+    def by_role(self, role: str) -> list[PlannedLaunch]:
+        return [p for p in self.launches if p.role == role]
+
+    def named(self, name: str) -> Optional[PlannedLaunch]:
+        return next((p for p in self.launches if p.name == name), None)
+
+
+def build_plan(
+    settings: TestSettings,
+    request: RunRequest,
+    device: Device,
+    root: str,
+    shared_root: Optional[str] = None,
+) -> Plan:
+    """Every registered check plans the checks of its kind the test has, with their launches
+    (`shared_root`: where uninterrupted launches other tests can reuse live)."""
+    planner = Planner(settings, request, device, root, shared_root)
+    checks: list[Check] = []
+    for kind in CHECKS:
+        checks += kind.plan(planner)
+    return Plan(planner.ordered(), checks, planner.warnings)

@@ -1,0 +1,218 @@
+"""The unit of the plugin: a check. It plans the launches it needs, handles them when they
+finish, compares through a comparator and reaches one `Verdict`; the verdict renders itself
+through its check's class (in reports, the JSON report, JUnit and the `-v` line).
+
+A check sees the run only through `Judging` (what the judge lets it do: read a finished
+launch's signatures, start an on-demand launch, cancel one, reach its verdict, warn), so each
+check is unit-tested with a fake judge and synthetic signatures, without torchrun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Protocol
+
+from .. import facts
+from ..comparators import Comparator, Rules, Run
+from ..compare import Comparison, first_difference
+from ..diagnose import Diagnosis
+from ..facts import Fact
+from ..launch import LaunchResult
+from ..plan import PlannedLaunch, Planner
+
+STATUSES = ("passed", "failed", "abstained", "skipped", "off", "cancelled", "not run")
+"""passed / failed / abstained: judged; skipped: it could not matter; off: not asked for;
+cancelled: another verdict made it moot; not run: the test ended before it could run."""
+
+
+@dataclass
+class Verdict:
+    """What one check concluded: one type for every check, JSON-round-trippable."""
+
+    check: str
+    """The kind of check (`Check.kind`)."""
+    status: str
+    """One of STATUSES."""
+    label: str
+    """How reports name it: "split 3", "chain link 2 (...)", "teeth check"."""
+    split: Optional[int] = None
+    why: str = ""
+    """In a few words, why it ended so (a skipped, off or cancelled check's reason)."""
+    comparison: Optional[Comparison] = None
+    diagnosis: Optional[Diagnosis] = None
+    facts: list[Fact] = field(default_factory=list)
+    primary: bool = False
+    """A resume the test proves (one per split, or per link of a chain), as opposed to a
+    check of the test itself (teeth, determinism control, direct resume)."""
+    link: int = 0
+    """chain=True: which resume of the chain (1, 2, ...); 0 outside a chain."""
+    launch: str = ""
+    """The judged launch's name."""
+    runs: dict[str, str] = field(default_factory=dict)
+    """Run directories by role ("uninterrupted", "resumed"), for the report."""
+    rerun: str = ""
+    """A shell line that reruns the judged launch by hand."""
+    values_match: bool = False
+    """Only audited state differs: every value the user recorded matched at every step."""
+    signatures: Optional[tuple[Run, Run]] = field(default=None, compare=False, repr=False)
+    """(reference, judged) as compared, in the test's process only (plots); not in JSON."""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def equal(self) -> bool:
+        return self.comparison is not None and self.comparison.equal
+
+    @property
+    def every_fact(self) -> list[Fact]:
+        """What the comparison established, then what the check itself did."""
+        found = self.comparison.facts if self.comparison is not None else []
+        return [*found, *self.facts]
+
+    def first_difference(self) -> str:
+        return first_difference(self.comparison) if self.comparison is not None else ""
+
+    def to_json(self) -> dict[str, Any]:
+        diag = self.diagnosis
+        return {
+            "check": self.check,
+            "status": self.status,
+            "label": self.label,
+            "split": self.split,
+            "why": self.why,
+            "comparison": self.comparison.to_json() if self.comparison is not None else None,
+            "likely_cause": None
+            if diag is None
+            else {"class": diag.bug_class, "cause": diag.cause, "notes": list(diag.notes)},
+            "facts": [facts.to_json(item) for item in self.facts],
+            "primary": self.primary,
+            "chain_link": self.link,
+            "launch": self.launch,
+            "runs": dict(self.runs),
+            "rerun": self.rerun,
+            "values_match": self.values_match,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        cmp, cause = data.get("comparison"), data.get("likely_cause")
+        return cls(
+            check=str(data["check"]),
+            status=str(data["status"]),
+            label=str(data["label"]),
+            split=data.get("split"),
+            why=str(data.get("why", "")),
+            comparison=Comparison.from_json(cmp) if cmp else None,
+            diagnosis=Diagnosis(cause["cause"], cause["class"], list(cause["notes"]))
+            if cause
+            else None,
+            facts=[facts.from_json(item) for item in data.get("facts", [])],
+            primary=bool(data.get("primary", False)),
+            link=int(data.get("chain_link", 0)),
+            launch=str(data.get("launch", "")),
+            runs=dict(data.get("runs", {})),
+            rerun=str(data.get("rerun", "")),
+            values_match=bool(data.get("values_match", False)),
+        )
+
+
+class Judging(Protocol):
+    """What the judge lets a check do while the launches run."""
+
+    rules: Rules
+    comparator: Comparator
+    """The comparator of the test's own topology, bound to its rules."""
+    settings: Any
+    """The test's settings (`settings.TestSettings`)."""
+
+    def verdicts(self) -> list[Verdict]:
+        """The verdicts reached so far, latest of each check last."""
+        ...
+
+    def signatures(self, launch: PlannedLaunch) -> Run:
+        """The finished launch's signatures (read once, validated)."""
+        ...
+
+    def result(self, launch: PlannedLaunch) -> LaunchResult: ...
+
+    def start(self, launch: PlannedLaunch) -> None:
+        """Run an on-demand launch (once, however often asked)."""
+        ...
+
+    def cancel(self, launch: PlannedLaunch) -> None: ...
+
+    def reach(self, verdict: Verdict) -> None:
+        """The check's verdict: recorded, and shown to every other check."""
+        ...
+
+    def warn(self, text: str) -> None: ...
+
+    def note_ignored(self, names: list[str]) -> None: ...
+
+
+class Check:
+    """One check of a resume test: its launches, its handlers, its verdict and how that
+    verdict reads. Subclasses register in `checks.CHECKS`."""
+
+    kind: ClassVar[str] = ""
+    decisive: ClassVar[bool] = True
+    """Whether a failed verdict of this kind fails the test (a direct resume only informs)."""
+    label: str = ""
+
+    def __init__(self, launches: list[PlannedLaunch]) -> None:
+        self.launches = launches
+        """The launches whose end this check handles (planned by it, or shared)."""
+        self.verdict: Optional[Verdict] = None
+
+    @classmethod
+    def plan(cls, planner: Planner) -> list[Check]:
+        """The checks of this kind the test has (none by default), with their launches."""
+        return []
+
+    def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
+        """One of this check's launches finished (ok, or killed as planned)."""
+
+    def on_verdict(self, verdict: Verdict, judge: Judging) -> None:
+        """Another check reached `verdict`."""
+
+    def reach(self, judge: Judging, verdict: Verdict) -> None:
+        self.verdict = verdict
+        judge.reach(verdict)
+
+    def final(self) -> Optional[Verdict]:
+        """This check's verdict once the run is over (a check that never got to judge says
+        why, or says nothing)."""
+        return self.verdict
+
+    # How a verdict of this kind reads: class methods, so verdicts read back from JSON (a
+    # pytest-xdist worker's) render the same.
+
+    @classmethod
+    def headline(cls, verdict: Verdict) -> list[str]:
+        """The verdict in the plan summary of a run."""
+        status = verdict.status
+        name = f" ({verdict.launch})" if verdict.launch and status in ("passed", "failed") else ""
+        return [f"{verdict.label} {status}{name}" + (f": {verdict.why}" if verdict.why else "")]
+
+    @classmethod
+    def proved(cls, verdict: Verdict) -> str:
+        """The verdict in the one `-v` line after the test ("" to say nothing)."""
+        return f"{verdict.label} {verdict.status}" + (f" ({verdict.why})" if verdict.why else "")
+
+    @classmethod
+    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+        """Lines that open a failure report in place of the default first line, when this
+        verdict failed beside a failed resume."""
+        return []
+
+    @classmethod
+    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+        """This failed verdict's part of the failure report."""
+        return [f"{verdict.label} failed" + (f": {verdict.why}" if verdict.why else "")]
+
+    @classmethod
+    def words(cls, verdict: Verdict) -> str:
+        """Why the test failed, in a few words (the summary table), for a failed verdict."""
+        return f"{verdict.label}: {verdict.first_difference() or verdict.why}"

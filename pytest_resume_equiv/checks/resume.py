@@ -1,0 +1,245 @@
+"""The resume check, one per split: the launch resumed from the checkpoint saved at the split
+against the uninterrupted launch, on every rank, at every step after the split.
+
+`judge_resume` is the whole judgement of one resume (compare, account, diagnose), pure, so
+the offline `compare` judges a pair of kept run directories exactly as the test did.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..comparators import Comparator, Run
+from ..compare import Comparison, format_comparison
+from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..gate import GateRules, gate
+from ..noise import NoiseFacts
+from ..plan import PlannedLaunch, Planner
+from ..preflight import PreflightFacts, preflight_of
+from ..rank.layout import is_audit_key
+from .base import Check, Judging, Verdict
+from .launches import resumed_from, source_of, uninterrupted_of, warn_rolling_checkpoint
+from .within_noise import FRESH_PROCESS, fresh_process, rejudge
+
+
+def format_diagnosis(diag: Diagnosis) -> list[str]:
+    lines = [f"  likely cause ({diag.bug_class}): {diag.cause}"]
+    lines += [f"  note: {note}" for note in diag.notes]
+    return lines
+
+
+def latent_warning(cmp: Comparison) -> str:
+    """What a comparison let pass as latent (a stream nothing draws from), in words."""
+    if not cmp.latent:
+        return ""
+    return (
+        f"split {cmp.split}: {', '.join(cmp.latent[:4])} differ after the resume, but no "
+        "compared step draws from them, so no recorded value changed: a latent difference "
+        "(not restored, or restored from another state) that a longer run would see; restore "
+        "it, or pass --resume-equiv-strict-latent to fail on it"
+    )
+
+
+def judge_resume(
+    reference: Run,
+    run: Run,
+    split: int,
+    comparator: Comparator,
+    check: str,
+    label: str,
+    source: Optional[Run] = None,
+) -> Verdict:
+    """A resumed run against the run it must equal: the resume point gated exactly against
+    the launch that wrote the checkpoint (`source`, when not the uninterrupted `reference`),
+    the comparison of every later step, their facts (the data accounting) and the likely
+    cause of a difference."""
+    cmp = comparator.compare(reference, run, split)
+    rules = comparator.rules
+    held = gate(reference, source, run, split, GateRules(rules.ignore, rules.strict_latent))
+    verdict = Verdict(
+        check,
+        "passed" if cmp.equal and not held.failed else "failed",
+        label,
+        split,
+        comparison=cmp,
+        facts=[held],
+        primary=True,
+        signatures=(reference, run),
+    )
+    if cmp.equal and held.failed:
+        verdict.diagnosis = diagnose_resume_point(cmp, reference, run)
+    else:
+        verdict.diagnosis = fresh_process(verdict) or diagnose(cmp, reference, run)
+    div = cmp.divergence
+    if div is not None and is_audit_key(div.key):
+        verdict.values_match = comparator.compare(reference, run, split, user_only=True).equal
+    return verdict
+
+
+def nothing_trains(signatures: Run) -> str:
+    """A warning when the uninterrupted run changes nothing: every recorded value is the same
+    at every step, or the watched parameters never change. Such a test proves little."""
+    for rank, sig in sorted(signatures.items()):
+        steps = [values for _, values in sig.steps]
+        if len(steps) < 2:
+            continue
+        user = {k for values in steps for k in values if not is_audit_key(k)}
+        params = {k for values in steps for k in values if k.endswith(".params")}
+        if user and all(len({repr(v.get(k)) for v in steps}) == 1 for k in user):
+            return (
+                f"rank {rank}: every value the uninterrupted run recorded ({', '.join(sorted(user))}) "
+                "is the same at every step: nothing trains, and a resume test of it proves little"
+            )
+        if params and all(len({repr(v.get(k)) for v in steps}) == 1 for k in params):
+            return (
+                f"rank {rank}: the watched parameters never change in the uninterrupted run: "
+                "nothing trains, and a resume test of it proves little"
+            )
+    return ""
+
+
+class ResumeLike(Check):
+    """A resume the test proves: what its verdict reads like (resume, chain link, topology)."""
+
+    def __init__(self, split: int, reference: PlannedLaunch, resumed: PlannedLaunch) -> None:
+        super().__init__([reference, resumed])
+        self.split = split
+        self.reference = reference
+        self.resumed = resumed
+
+    def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
+        if launch is self.reference:
+            judge.warn(nothing_trains(judge.signatures(launch)))
+        if launch is self.resumed:
+            self.judged(judge, *self.judge(judge))
+
+    def judge(self, judge: Judging) -> tuple[Verdict, dict[str, str]]:
+        """The resumed launch finished: its verdict, and the run directories it was compared
+        with besides the uninterrupted one."""
+        raise NotImplementedError
+
+    def source(self, judge: Judging) -> Optional[Run]:
+        """The signatures of the launch that wrote the checkpoint, when it is not the
+        uninterrupted one (the interrupted launch, a chain's link before)."""
+        source = self.resumed.source
+        if source is None or source is self.reference:
+            return None
+        return judge.signatures(source)
+
+    def judged(self, judge: Judging, verdict: Verdict, runs: dict[str, str]) -> None:
+        """Fill in where the judged runs are (`runs`: others it was compared with), note what
+        was let pass, and reach `verdict`."""
+        result = judge.result(self.resumed)
+        verdict.launch, verdict.rerun = self.resumed.name, result.command
+        verdict.runs = {
+            "uninterrupted": self.reference.spec.run_dir,
+            "resumed": self.resumed.spec.run_dir,
+            **runs,
+        }
+        verdict.link = self.resumed.link
+        if verdict.diagnosis is not None and verdict.diagnosis.bug_class == FRESH_PROCESS:
+            verdict.facts.append(self.preflight(judge))
+        cmp = verdict.comparison
+        if cmp is not None:
+            run = judge.signatures(self.resumed)
+            judge.note_ignored([n for sig in run.values() for n in sig.ignored] + cmp.ignored)
+            judge.warn(latent_warning(cmp))
+        self.reach(judge, verdict)
+        for other in judge.verdicts():  # noise measured before this resume finished
+            self.on_verdict(other, judge)
+
+    def noise_for(self, verdict: Verdict) -> Optional[NoiseFacts]:
+        """The noise `verdict` measured for this resume, if it did: its uninterrupted run's
+        (the determinism control), or its own resumed process's (the repeat)."""
+        if verdict.check == "control" and verdict.status == "passed":
+            ours = verdict.runs.get("uninterrupted", self.reference.spec.run_dir)
+            if ours != self.reference.spec.run_dir:
+                return None
+        elif not (verdict.check == "repeat" and verdict.split == self.split):
+            return None
+        return next((f for f in verdict.facts if isinstance(f, NoiseFacts)), None)
+
+    def on_verdict(self, verdict: Verdict, judge: Judging) -> None:
+        """Measured noise arrived: a failed exact judgement is judged again within it."""
+        mine = self.verdict
+        if mine is None or not mine.failed or judge.settings.noise == "off":
+            return
+        noise = self.noise_for(verdict)
+        if noise is None or (noise.source == "uninterrupted" and not noise.noisy):
+            return
+        reference, run = judge.signatures(self.reference), judge.signatures(self.resumed)
+        again = rejudge(mine, noise, reference, run, judge.rules)
+        if again is not mine:
+            again.facts = [*again.facts, self.preflight(judge)]
+            self.reach(judge, again)
+
+    def preflight(self, judge: Judging) -> PreflightFacts:
+        """What the launches it compared recorded of their determinism knobs."""
+        names = (self.reference, self.resumed)
+        return preflight_of({p.name: judge.signatures(p) for p in names})
+
+    @classmethod
+    def headline(cls, verdict: Verdict) -> list[str]:
+        summary = [line for item in verdict.every_fact for line in item.summary(verdict.label)]
+        if summary:
+            return summary
+        assert verdict.comparison is not None
+        return [format_comparison(verdict.comparison, verdict.label).splitlines()[0]]
+
+    @classmethod
+    def proved(cls, verdict: Verdict) -> str:
+        if verdict.status == "abstained":
+            return f"{verdict.label} abstained ({verdict.why})"
+        if not verdict.equal or verdict.comparison is None or verdict.failed:
+            return ""
+        steps = verdict.comparison.compared_steps
+        return f"{verdict.label} equal over {steps} steps" + (
+            f" ({verdict.why})" if verdict.why else ""
+        )
+
+    @classmethod
+    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+        """Which samples first (another batch explains other values), the first divergence
+        with its context, and the likely cause (withheld when training is not deterministic
+        even without a resume)."""
+        cmp = verdict.comparison
+        assert cmp is not None
+        lines = [line for item in verdict.every_fact for line in item.lines(verdict.label)]
+        lines.append(format_comparison(cmp, verdict.label))
+        div = cmp.divergence
+        if verdict.values_match and div is not None:
+            lines.append(
+                f"  every value you recorded matches through step {cmp.steps}; the audited "
+                f"{div.key} differs from step {div.step} on, so whatever draws from it or is "
+                "computed from it later will differ"
+            )
+        if verdict.diagnosis is not None and getattr(outcome, "nondeterministic", None) is None:
+            lines += format_diagnosis(verdict.diagnosis)
+        return lines
+
+
+class Resume(ResumeLike):
+    """A resume on the uninterrupted run's own topology, not in a chain."""
+
+    kind = "resume"
+
+    @classmethod
+    def plan(cls, planner: Planner) -> list[Check]:
+        marker = planner.marker
+        if marker.chain or marker.topology_changes:
+            return []  # the chain and topology checks plan those resumes
+        checks: list[Check] = []
+        for split in marker.splits:
+            full = uninterrupted_of(planner, split)
+            resumed = resumed_from(planner, split, full, source_of(planner, split))
+            checks.append(cls(split, full, resumed))
+        warn_rolling_checkpoint(planner)
+        return checks
+
+    def judge(self, judge: Judging) -> tuple[Verdict, dict[str, str]]:
+        reference, run = judge.signatures(self.reference), judge.signatures(self.resumed)
+        label, source = f"split {self.split}", self.source(judge)
+        verdict = judge_resume(
+            reference, run, self.split, judge.comparator, self.kind, label, source
+        )
+        return verdict, {}

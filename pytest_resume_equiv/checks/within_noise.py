@@ -1,0 +1,142 @@
+"""A resume judged again within measured noise, once a check measured it: the determinism
+control (the uninterrupted run does not reproduce itself) or the resumed-process repeat (two
+resumed processes from one checkpoint).
+
+The gate's result always stands: a resume point that differs is a failure whatever the noise.
+After a gate that held, the trajectory passes within NOISE_FACTOR times the noise, fails
+beyond it (the cause then unknown: nothing at the resume point explains it), or abstains when
+the noise is too wide to tell a bug from it (or wider than the test's own tolerance).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..comparators import NOISE_FACTOR, Measured, Rules, Run
+from ..diagnose import Diagnosis
+from ..gate import GateFacts
+from ..noise import NoiseFacts, rounding_level, scaled_to, split_value
+from ..rank.layout import is_audit_key
+from .base import Verdict
+
+FRESH_PROCESS = "resumed-process compute"
+
+
+def gate_of(verdict: Verdict) -> Optional[GateFacts]:
+    return next((f for f in verdict.facts if isinstance(f, GateFacts)), None)
+
+
+def fresh_process(verdict: Verdict) -> Optional[Diagnosis]:
+    """The state loaded exactly and the very first resumed step computes something else, at
+    rounding level: a fresh process computing differently (another kernel, autotuning),
+    not a restore bug."""
+    held, cmp = gate_of(verdict), verdict.comparison
+    if held is None or not held.held or cmp is None or cmp.divergence is None:
+        return None
+    div = cmp.divergence
+    if div.step != cmp.split + 1 or not rounding_level(div.expected, div.actual):
+        return None
+    return Diagnosis(
+        f"the state loaded exactly (the resume point equals {held.reference}'s bit for bit), "
+        f"and the resumed process computes step {div.step} differently at rounding level "
+        f"({div.key} on rank {div.rank}): kernel selection or autotuning in a fresh process "
+        "(cudnn.benchmark, Triton/Inductor autotuning, another reduction order), not a restore "
+        "bug",
+        FRESH_PROCESS,
+    )
+
+
+def _user_numbers(reference: Run, split: int) -> list[str]:
+    """The keys the user recorded that hold numbers after the split (what noise can move)."""
+    keys: set[str] = set()
+    for sig in reference.values():
+        for step, values in sig.steps:
+            if step > split:
+                keys |= {k for k, v in values.items() if not is_audit_key(k) and split_value(v)[0]}
+    return sorted(keys)
+
+
+def _abstain(verdict: Verdict, why: str, noise: NoiseFacts) -> Verdict:
+    return dataclasses.replace(
+        verdict, status="abstained", why=why, facts=[*verdict.facts, noise], diagnosis=None
+    )
+
+
+def _why_abstain(noise: NoiseFacts, keys: list[str], rules: Rules, verdict: Verdict) -> str:
+    if noise.source == "resumed" and not noise.noisy:
+        cause = fresh_process(verdict)
+        div = verdict.comparison.divergence if verdict.comparison else None
+        step = div.step if div is not None else "?"
+        return (
+            f"the resumed process repeats itself exactly but computes step {step} differently "
+            "from the uninterrupted one"
+            + (" at rounding level" if cause else "")
+            + ": there is no noise to judge the trajectory against (the resume point held)"
+        )
+    wide = noise.too_wide(keys)
+    if wide:
+        spread = ", ".join(f"{k} {noise.relative[k]:.2g}" for k in wide[:3])
+        return (
+            f"the measured noise is too wide to tell a bug from it (relative spread {spread}); "
+            "the resume point held exactly"
+        )
+    if not rules.tolerance.exact:
+        split = verdict.split or 0
+        beyond = [k for k in keys if _beyond_tolerance(noise, k, rules, split)]
+        if beyond:
+            return (
+                f"the measured noise of {', '.join(beyond[:3])} exceeds tolerance="
+                f"{rules.tolerance.describe()}: widen it, or make the training deterministic; "
+                "the resume point held exactly"
+            )
+    return ""
+
+
+def _beyond_tolerance(noise: NoiseFacts, key: str, rules: Rules, split: int) -> bool:
+    """Whether the noise of `key` is larger somewhere than the test's tolerance allows there
+    (the value's size estimated from the key's relative spread)."""
+    relative = noise.relative.get(key, 0.0)
+    for keys in noise.spread.values():
+        for step, spread in keys.get(key, {}).items():
+            if int(step) <= split:
+                continue
+            given = rules.tolerance.for_key(key, int(step), split)
+            size = spread / relative if relative else 0.0
+            if given is None or spread > given[1] + given[0] * size:
+                return True
+    return False
+
+
+def rejudge(verdict: Verdict, noise: NoiseFacts, reference: Run, run: Run, rules: Rules) -> Verdict:
+    """`verdict` (a failed exact judgement) within `noise`."""
+    held = gate_of(verdict)
+    if held is not None and held.failed:
+        note = f"measured noise: {noise.describe()}; the resume point differs all the same"
+        return dataclasses.replace(verdict, why=note)
+    if noise.unjudgeable:
+        return verdict
+    split = verdict.split or 0
+    if noise.source == "resumed":
+        noise = scaled_to(noise, reference, run)
+    why = _why_abstain(noise, _user_numbers(reference, split), rules, verdict)
+    if why:
+        return _abstain(verdict, why, noise)
+    cmp = Measured(rules, noise).compare(reference, run, split)
+    judged = dataclasses.replace(verdict, comparison=cmp, facts=[*verdict.facts, noise])
+    if cmp.equal:
+        judged.status, judged.diagnosis = "passed", None
+        judged.why = f"within {NOISE_FACTOR:g}x the measured noise ({noise.describe()})"
+        return judged
+    div = cmp.divergence
+    where = f"{div.key!r} at step {div.step}, rank {div.rank}" if div else "the steps recorded"
+    judged.status, judged.why = "failed", f"beyond {NOISE_FACTOR:g}x the measured noise"
+    judged.diagnosis = Diagnosis(
+        f"the resume point matched exactly, but {where} left {NOISE_FACTOR:g}x the noise "
+        f"measured between {'resumed processes' if noise.source == 'resumed' else 'uninterrupted runs'}: "
+        "cause unknown: state the audit does not see differs after the resume (record or "
+        "watch() it), or the noise is larger than the runs measured it (more runs: "
+        "--resume-equiv-noise-runs)",
+        "beyond the measured noise",
+    )
+    return judged

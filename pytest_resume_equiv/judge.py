@@ -1,0 +1,265 @@
+"""The judge: dispatches each finished launch to the checks that wait for it, the way
+pytest-xdist's `DSession.loop_once` dispatches worker events to handlers.
+
+It does what every launch gets (a failed launch fails the test with its role and what is
+known of why; the checkpoints a finished launch should have written for the launches that
+load them exist; signatures are read once), then hands the launch to each check that listed
+it. Checks start and cancel launches and reach verdicts through it (`checks.Judging`); every
+verdict is shown to every other check.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .checks import Plan, Verdict, kind_of
+from .comparators import Rules, Run, comparator_for
+from .compare import Comparison
+from .errors import ResumeEquivError
+from .judgement import Judgement, write_judgement
+from .launch import LaunchResult
+from .plan import PlannedLaunch
+from .rank.layout import PLUGIN_FILES, RANK_DIRS
+from .schedule import Job, Scheduler
+from .settings import TestSettings
+from .signature import SignatureError, read_run
+
+
+@dataclass
+class Outcome:
+    """What one `resume_equiv.run()` ran and concluded."""
+
+    plan: Plan
+    launches: list[LaunchResult] = field(default_factory=list)
+    checks: list[Verdict] = field(default_factory=list)
+    """Every check's verdict, in the plan's order (those that never got to judge say why)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the author should know though it does not fail the test (latent streams, a
+    training that changes nothing)."""
+    ignored: list[str] = field(default_factory=list)
+    """Audited items left out of the comparison (`ignore=`, `track(..., ignore=True)`)."""
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """The resumes the test proves: one per split (or per link of a chain)."""
+        return sorted((v for v in self.checks if v.primary), key=lambda v: (v.split, v.link))
+
+    @property
+    def teeth(self) -> Verdict:
+        found = next((v for v in self.checks if v.check == "teeth"), None)
+        return found if found is not None else Verdict("teeth", "not run", "teeth check")
+
+    @property
+    def nondeterministic(self) -> Optional[Comparison]:
+        """A second uninterrupted run's difference from the first, when there was one."""
+        found = next((v for v in self.checks if v.check == "control" and v.failed), None)
+        return found.comparison if found is not None else None
+
+    @property
+    def failed(self) -> list[Verdict]:
+        """The verdicts that fail the test: those of the checks that decide, then the resumes."""
+        failed = [v for v in self.checks if v.failed and kind_of(v.check).decisive]
+        return [*[v for v in failed if not v.primary], *[v for v in failed if v.primary]]
+
+    @property
+    def abstained(self) -> list[Verdict]:
+        """Resumes whose trajectory could not be judged within the measured noise."""
+        return [v for v in self.verdicts if v.status == "abstained"]
+
+    @property
+    def resume_equal(self) -> bool:
+        return bool(self.verdicts) and all(v.equal for v in self.verdicts)
+
+    @property
+    def equal(self) -> bool:
+        """The test passes (or abstains): it judged a resume, and no check that decides
+        failed."""
+        return bool(self.verdicts) and not self.failed
+
+
+class LaunchFailed(ResumeEquivError):
+    def __init__(self, result: LaunchResult, role: str, note: str = "") -> None:
+        super().__init__(f"the {result.spec.name} launch failed")
+        self.result = result
+        self.role = role
+        self.note = note
+        """What the plugin knows about why (e.g. its checkpoint came from a killed launch)."""
+
+
+def read_signatures(result: LaunchResult) -> Run:
+    try:
+        signatures = read_run(result.spec.run_dir, result.spec.world_size)
+    except SignatureError as exc:
+        raise ResumeEquivError(
+            f"the {result.spec.name} launch left an unreadable signature: {exc}"
+        ) from None
+    for outcome in result.ranks:
+        sig = signatures.get(outcome.rank)
+        if sig is not None and outcome.ok and not sig.complete:
+            how = "ends in the middle of a line" if sig.truncated_tail else "has no footer"
+            raise ResumeEquivError(
+                f"the {result.spec.name} launch left a truncated signature: {sig.path} {how} "
+                f"although rank {outcome.rank} finished normally (the footer is written when "
+                "the rank ends); the disk filled up, or something else wrote to the file"
+            )
+    return signatures
+
+
+def missing_checkpoint(planned: PlannedLaunch, source: LaunchResult) -> str:
+    """Why `planned` cannot run: the checkpoint it loads was not written; what was."""
+    assert planned.source is not None and planned.checkpoint is not None
+    source_dir = planned.source.spec.run_dir
+    found = []
+    for dirpath, dirnames, filenames in os.walk(source_dir):
+        dirnames[:] = [d for d in dirnames if d not in RANK_DIRS]
+        filenames = [f for f in filenames if dirpath != source_dir or f not in PLUGIN_FILES]
+        for entry in sorted(dirnames + filenames):
+            found.append(os.path.relpath(os.path.join(dirpath, entry), source_dir))
+    listing = ", ".join(sorted(found)[:12]) or "nothing but the plugin's own files"
+    split = planned.split
+    template = planned.source.spec.context.checkpoint_template
+    if source.killed_after_step:
+        who = (
+            f"the interrupted run (SIGKILLed once every rank had recorded step "
+            f"{source.killed_after_step}, interrupt='kill')"
+        )
+        advice = (
+            "a checkpoint must be complete on disk before training goes on past it; one "
+            "written in the background can be lost or torn when the job dies"
+        )
+    elif planned.source.link:
+        who = f"chain link {planned.source.link} (resumed from step {planned.source.split})"
+        advice = f"the trainer must save there after step {split} in a resumed run too"
+    elif planned.source.role == "interrupted":
+        who = f"the interrupted run (ended at step {split}, interrupt='stop')"
+        advice = f"the trainer must save there after step {split}"
+    else:
+        who = "the uninterrupted run"
+        advice = (
+            f"the trainer must save there after step {split}, or pass checkpoint= with the "
+            "path it does use"
+        )
+    return (
+        f"{who} did not save a checkpoint at {planned.checkpoint} "
+        f"(from checkpoint={template!r}, split={split}); {advice}. "
+        f"Its run directory holds: {listing}"
+    )
+
+
+KILLED_SOURCE_NOTE = (
+    "the checkpoint it loads was written by a launch SIGKILLed once every rank had recorded "
+    "step {step} (interrupt='kill'): a checkpoint must be complete on disk before training "
+    "goes on past it; one written in the background can be missing or torn when the job dies"
+)
+
+
+class Judge:
+    """Dispatches finished launches to checks; what the checks may ask of the run."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        settings: TestSettings,
+        scheduler: Scheduler,
+        outcome: Optional[Outcome] = None,
+    ) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.scheduler = scheduler
+        self.outcome = outcome if outcome is not None else Outcome(plan)
+        self.rules = Rules.of(settings)
+        self.comparator = comparator_for(self.rules)
+        self._results: dict[str, LaunchResult] = {}
+        self._signatures: dict[str, Run] = {}
+        self._started = {p.name for p in plan.started}
+        self._reached: list[Verdict] = []
+        for planned in plan.started:
+            scheduler.add(planned)
+
+    # the scheduler's handler
+
+    def on_done(self, job: Job, result: LaunchResult) -> None:
+        planned = job.planned
+        self.outcome.launches.append(result)
+        self._results[planned.name] = result
+        if not result.ok and not result.killed_after_step:
+            source = planned.source
+            killed = self._results.get(source.name) if source is not None else None
+            step = killed.killed_after_step if killed is not None else 0
+            raise LaunchFailed(
+                result, planned.role, KILLED_SOURCE_NOTE.format(step=step) if step else ""
+            )
+        self._check_checkpoints(planned, result)
+        for check in self.plan.checks:
+            if any(p is planned for p in check.launches):
+                check.on_done(planned, self)
+
+    def _check_checkpoints(self, source: PlannedLaunch, result: LaunchResult) -> None:
+        """Before any launch loads a checkpoint `source` wrote, it must exist."""
+        for planned in self.plan.started:
+            if planned.source is source and not os.path.exists(planned.checkpoint or ""):
+                raise ResumeEquivError(missing_checkpoint(planned, result))
+
+    # what a check may ask (checks.Judging)
+
+    def result(self, launch: PlannedLaunch) -> LaunchResult:
+        return self._results[launch.name]
+
+    def signatures(self, launch: PlannedLaunch) -> Run:
+        if launch.name not in self._signatures:
+            self._signatures[launch.name] = read_signatures(self._results[launch.name])
+        return self._signatures[launch.name]
+
+    def start(self, launch: PlannedLaunch) -> None:
+        if launch.name not in self._started:
+            self._started.add(launch.name)
+            self.scheduler.add(launch)
+
+    def cancel(self, launch: PlannedLaunch) -> None:
+        self.scheduler.cancel(launch)
+
+    def verdicts(self) -> list[Verdict]:
+        return list(self._reached)
+
+    def reach(self, verdict: Verdict) -> None:
+        self._reached.append(verdict)
+        if verdict.primary and verdict.split is not None and verdict.runs.get("resumed"):
+            runs = {k: v for k, v in verdict.runs.items() if k != "resumed"}
+            judgement = Judgement(verdict.check, verdict.split, verdict.label, self.rules, runs)
+            write_judgement(verdict.runs["resumed"], judgement)
+        for check in self.plan.checks:
+            if check.verdict is not verdict:
+                check.on_verdict(verdict, self)
+
+    def warn(self, text: str) -> None:
+        if text and text not in self.outcome.warnings:
+            self.outcome.warnings.append(text)
+
+    def note_ignored(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.outcome.ignored:
+                self.outcome.ignored.append(name)
+
+    def conclude(self) -> Outcome:
+        """Every check's verdict, in the plan's order."""
+        self.outcome.checks = [v for v in (c.final() for c in self.plan.checks) if v is not None]
+        return self.outcome
+
+
+def run_plan(
+    plan: Plan,
+    settings: TestSettings,
+    scheduler: Scheduler,
+    outcome: Optional[Outcome] = None,
+) -> Outcome:
+    """Run every launch the checks need and let them judge; raises LaunchFailed /
+    ResumeEquivError on anything but a verdict. Pass `outcome` to keep what ran so far (and
+    the verdicts reached) when it raises."""
+    judge = Judge(plan, settings, scheduler, outcome)
+    try:
+        scheduler.run(judge.on_done)
+    finally:
+        judge.conclude()
+    return judge.outcome
