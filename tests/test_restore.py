@@ -70,6 +70,44 @@ def test_device_stream_restores_are_named_by_device(audited):
     ]
 
 
+def test_device_restores_name_the_device_however_it_is_given(audited, monkeypatch):
+    """An index, "cuda:1", torch.device("cuda") (the current device) or nothing; through
+    torch.cuda or torch.cuda.random (HF Trainer's path): each names the stream it restores."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    run_dir = audited(phase="resumed", split=2)
+    state = torch.get_rng_state()
+    torch.cuda.set_rng_state(state, "cuda:1")
+    torch.cuda.set_rng_state(state, torch.device("cuda"))
+    torch.cuda.set_rng_state(state)
+    torch.cuda.random.set_rng_state(state, 2)
+    torch.cuda.random.set_rng_state_all([state])
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.set_rng_state", "rng:cuda:1"),
+        ("torch.cuda.set_rng_state", "rng:cuda:3"),
+        ("torch.cuda.set_rng_state", "rng:cuda:3"),
+        ("torch.cuda.set_rng_state", "rng:cuda:2"),
+        ("torch.cuda.set_rng_state_all", "rng:cuda:*"),
+    ]
+
+
+def test_rng_states_torch_puts_back_itself_are_not_restores(audited):
+    """fork_rng and activation checkpointing's recompute set RNG states again: torch's own
+    bookkeeping, not a restore of the user's (it would read as a re-seeding after the load)."""
+    run_dir = audited(phase="resumed", split=2)
+    layer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    x = torch.ones(3, 2, requires_grad=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.rand(2)
+    out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    out.sum().backward()
+    torch.set_rng_state(torch.get_rng_state())  # the user's own: logged
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.set_rng_state", "rng:cpu"),
+    ]
+
+
 def test_the_resume_point_is_the_first_forward_with_the_draws_since_the_last_restore(audited):
     run_dir = audited(phase="resumed", split=2)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))

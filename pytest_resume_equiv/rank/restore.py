@@ -108,8 +108,18 @@ class RestoreLog:
         self.pending.clear()
         return entries
 
-    def _wrap(self, owner: Any, attribute: str, call: str, what: Callable[..., Any]) -> None:
-        """Replace `owner.attribute` with a function that calls the original, then logs."""
+    def _wrap(
+        self,
+        owner: Any,
+        attribute: str,
+        call: str,
+        what: Callable[..., Any],
+        users_only: bool = False,
+    ) -> None:
+        """Replace `owner.attribute` with a function that calls the original, then logs.
+        `users_only`: not when torch itself called it (an RNG state that activation
+        checkpointing's recompute, `fork_rng` or DTensor's RNG tracker puts back is no
+        restore of the user's)."""
         key = f"{id(owner)}.{attribute}"
         original = getattr(owner, attribute, None)
         if original is None or key in self._wrapped:
@@ -119,12 +129,13 @@ class RestoreLog:
         @functools.wraps(original)
         def logged(*args: Any, **kwargs: Any) -> Any:
             outer = getattr(depth, "n", 0)
+            bookkeeping = outer == 0 and users_only and _called_by_torch()
             depth.n = outer + 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 depth.n = outer
-            if outer == 0:
+            if outer == 0 and not bookkeeping:
                 try:
                     names = what(*args, **kwargs)
                 except Exception:  # naming is best effort: the restore itself happened
@@ -144,8 +155,8 @@ class RestoreLog:
         cpu = stream_key("cpu")
         for owner in (torch, torch.random):
             name = owner.__name__
-            self._wrap(owner, "set_rng_state", f"{name}.set_rng_state", lambda *a, **k: cpu)
-            self._wrap(owner, "manual_seed", f"{name}.manual_seed", lambda *a, **k: cpu)
+            for fn in ("set_rng_state", "manual_seed"):
+                self._wrap(owner, fn, f"{name}.{fn}", lambda *a, **k: cpu, users_only=True)
         self.install_devices()
         scheduler = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
         bases = [
@@ -219,17 +230,21 @@ class RestoreLog:
             if module is None:
                 continue
             every = stream_key(device_stream(kind, ALL_DEVICES))
-            for fn in ("set_rng_state", "manual_seed"):
-                self._wrap(
-                    module,
-                    fn,
-                    f"torch.{kind}.{fn}",
-                    lambda *a, _k=kind, **kw: stream_key(
-                        device_stream(_k, _device_index(_k, a, kw))
-                    ),
-                )
-            for fn in ("set_rng_state_all", "manual_seed_all"):
-                self._wrap(module, fn, f"torch.{kind}.{fn}", lambda *a, _e=every, **k: _e)
+
+            def one(*args: Any, _k: str = kind, **kwargs: Any) -> str:
+                return stream_key(device_stream(_k, _device_index(_k, args, kwargs)))
+
+            def each(*args: Any, _e: str = every, **kwargs: Any) -> str:
+                return _e
+
+            # torch.cuda.set_rng_state is torch.cuda.random.set_rng_state: wrap both names
+            owners = [module, getattr(module, "random", None)]
+            for owner in [o for o in owners if o is not None]:
+                for fn, name in [("set_rng_state", one), ("manual_seed", one)] + [
+                    ("set_rng_state_all", each),
+                    ("manual_seed_all", each),
+                ]:
+                    self._wrap(owner, fn, f"torch.{kind}.{fn}", name, users_only=True)
 
     def install_host(self) -> None:
         """Wrap numpy's and Python's global RNG setters (numpy only if it is imported)."""
@@ -284,12 +299,30 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _device_index(kind: str, args: tuple, kwargs: dict) -> str:
+    """The device an RNG setter acts on: `set_rng_state(state, device)` and `manual_seed`
+    take an index, "cuda:1", torch.device("cuda", 1), or "cuda" / torch.device("cuda") /
+    nothing for the current device."""
     device = kwargs.get("device", args[1] if len(args) > 1 else None)
-    if device is None or device == kind:
-        module = getattr(sys.modules["torch"], kind)
-        return str(module.current_device())
-    index = getattr(device, "index", device)
-    return str(index if index is not None else 0)
+    if isinstance(device, str):
+        after = device.partition(":")[2]
+        index: Any = int(after) if after.isdigit() else None
+    else:
+        index = getattr(device, "index", device)
+    if index is None or index == -1:
+        return str(getattr(sys.modules["torch"], kind).current_device())
+    return str(index)
+
+
+_TORCH_DIR: list[str] = []
+
+
+def _called_by_torch() -> bool:
+    """Whether the function that called a wrapped setter is torch's own code."""
+    if not _TORCH_DIR:
+        torch_file = getattr(sys.modules.get("torch"), "__file__", None) or ""
+        _TORCH_DIR.append(os.path.dirname(torch_file) + os.sep if torch_file else "")
+    caller = sys._getframe(2).f_code.co_filename
+    return bool(_TORCH_DIR[0]) and caller.startswith(_TORCH_DIR[0])
 
 
 def _object_name(obj: Any, *args: Any, **kwargs: Any) -> Any:
