@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from .rank.layout import (
     END,
+    FILE_EVENT,
     IGNORED,
     PREFLIGHT,
     READABLE_SIGNATURE_VERSIONS,
@@ -51,6 +52,8 @@ class Signature:
     """Audit names the trainer left out on purpose (`track(..., ignore=True)`)."""
     preflight: Optional[dict[str, Any]] = None
     """The determinism knobs as the training set them (rank/preflight.py)."""
+    files: list[dict[str, Any]] = field(default_factory=list)
+    """The file events, in order (rank/files.py)."""
 
     def resume_point(self, split: int) -> Optional[dict[str, Any]]:
         return next((p for p in self.resume_points if p.get("split") == split), None)
@@ -121,6 +124,8 @@ def _read_line(signature: Signature, lineno: int, line: str) -> None:
         signature.ignored += [str(name) for name in obj[IGNORED]]
     elif kind == PREFLIGHT:
         signature.preflight = _object(path, lineno, obj, PREFLIGHT)
+    elif kind == FILE_EVENT:
+        signature.files.append(_object(path, lineno, obj, FILE_EVENT))
     else:
         step, values = obj.get(STEP), obj.get(VALUES)
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(values, dict):

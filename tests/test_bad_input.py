@@ -30,7 +30,7 @@ if ctx.resuming:
     state = torch.load(os.path.join(ctx.checkpoint, "state.pt"), weights_only=True)
     w, start = state["w"], state["step"] + 1
     torch.set_rng_state(state["rng"])
-steps = list(range(start, ctx.steps + 1))
+steps = list(range(start, int(flag("max-steps", ctx.steps)) + 1))
 if bad == "order":
     steps.reverse()
 for step in steps:
@@ -188,8 +188,14 @@ def test_steps_out_of_order(resume_equiv):
 
 @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
 def test_rolling_checkpoint_path(resume_equiv):
-    # passes (this trainer saves once), with a warning before the launches
+    # passes, without a warning: the path could be rolling, but this trainer saves once
     resume_equiv.run(CMD, checkpoint="{run_dir}/rolling")
+
+
+@resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False, interrupt="stop")
+def test_stop_with_a_command_that_ignores_steps(resume_equiv):
+    # passes (its one save is at the split), warning that the first launch trained on
+    resume_equiv.run(CMD + ["--max-steps=5"])
 
 
 @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
@@ -221,7 +227,7 @@ EXPECTED = {
     ),
     "test_trainer_never_records": ("failed", "never calls pytest_resume_equiv.record"),
     "test_unstorable_value": ("failed", "record(step=3) value 'handle' is a _io.TextIOWrapper"),
-    "test_corrupted_signature": ("failed", "rank-0.jsonl: line 5 is not JSON"),
+    "test_corrupted_signature": ("failed", "rank-0.jsonl: line 6 is not JSON"),
     "test_truncated_signature": ("failed", "left a truncated signature"),
     "test_missing_signature": ("failed", "no signature file"),
     "test_unknown_signature_version": ("failed", "signature format version 99 is not one"),
@@ -239,14 +245,17 @@ def test_each_mistake_fails_its_own_test_with_a_clear_message(pytester):
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 2, text[-3000:]
-    assert (
-        "ResumeEquivWarning: checkpoint='{run_dir}/rolling' is the same path at every split, "
-        "and the uninterrupted run saves there at step 2 and goes on to step 5" in text
-    )
+    assert outcomes.get("passed") == 3, text[-3000:]
+    assert "wrote to it again" not in text
     report = json.loads((pytester.path / "report.json").read_text())
     rolling = next(t for t in report["tests"] if t["test"].endswith("test_rolling_checkpoint_path"))
-    assert rolling["runs"][0]["warnings"][0].startswith("checkpoint='{run_dir}/rolling' is the")
+    assert rolling["runs"][0]["warnings"] == []
+    stop = next(t for t in report["tests"] if t["test"].endswith("_that_ignores_steps"))
+    (warning,) = stop["runs"][0]["warnings"]
+    assert warning.startswith(
+        "split 2: the launch 'interrupted-split2' (interrupt=\"stop\") should end at step 2 but "
+        "recorded up to step 5: its command ignores {steps}"
+    )
     assert len(EXPECTED) >= 15
     summary = {}
     for line in result.stdout.lines:

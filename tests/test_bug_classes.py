@@ -283,7 +283,7 @@ CASES = [
         "20-rolling-checkpoint",
         "rolling",
         "likely cause (restored from another step)",
-        "was written again after the uninterrupted run saved it at step 3",
+        "was written again by the uninterrupted run after it saved it at step 3",
         "Fix: put {split} in the checkpoint path",
         script=ORDER,
         group="c",

@@ -11,10 +11,10 @@ from pytest_resume_equiv.signature import Signature
 SPLIT = 3
 
 
-def point(rng=None, watch=None, draws=(), restores=0, checkpoint=None, time_ns=100):
+def point(rng=None, watch=None, draws=(), restores=0, checkpoint=None, time_ns=100, at=None):
     return {
         "split": SPLIT,
-        "at": "train.py:50",
+        "at": at or "train.py:50",
         "time_ns": time_ns,
         "rng": {"cpu": "c0", **(rng or {})},
         "watch": watch or {},
@@ -31,7 +31,7 @@ def restore(call, what, at="train.py:20"):
     return {"call": call, "what": what, "at": at, "after_step": None}
 
 
-def run(phase, steps, values, rank=0, points=(), restores=()):
+def run(phase, steps, values, rank=0, points=(), restores=(), files=()):
     """One rank's signature: `values(step)` -> the step's record (user keys and audit keys)."""
     header = {"rank": rank, "world_size": 1, "phase": phase}
     recorded = [
@@ -44,15 +44,27 @@ def run(phase, steps, values, rank=0, points=(), restores=()):
         complete=True,
         restores=list(restores),
         resume_points=list(points),
+        files=list(files),
     )
 
 
-def diagnosis(base_point, res_point, restores, base_values=None, res_values=None):
+def diagnosis(
+    base_point, res_point, restores, base_values=None, res_values=None, files=(), res_files=()
+):
     """Diagnose a resume whose loss and CPU stream differ from step 4 on."""
     base_values = base_values or (lambda s: {"loss": s / 2, "rng:cpu": f"c{s}"})
     res_values = res_values or (lambda s: {"loss": s / 3, "rng:cpu": f"x{s}"})
-    base = {0: run("uninterrupted", range(1, 7), base_values, points=[base_point])}
-    res = {0: run("resumed", range(4, 7), res_values, points=[res_point], restores=restores)}
+    base = {0: run("uninterrupted", range(1, 7), base_values, points=[base_point], files=files)}
+    res = {
+        0: run(
+            "resumed",
+            range(4, 7),
+            res_values,
+            points=[res_point],
+            restores=restores,
+            files=res_files,
+        )
+    }
     cmp = compare_runs(base, res, SPLIT, 6)
     assert not cmp.equal
     return diagnose(cmp, base, res)
@@ -136,19 +148,49 @@ def test_train_eval_flags_come_before_any_rng_explanation():
     assert "<root>, drop in eval mode in the resumed run only" in d.cause
 
 
-def test_a_rewritten_checkpoint_and_a_late_one_are_told_apart():
+def test_flags_of_snapshots_taken_at_different_places_are_no_wrong_mode():
+    """The resumed snapshot at an eval's forward, the uninterrupted one at resume_point():
+    eval mode there says nothing about the restore."""
+    flags_base = {"model.modes": [], "model.params": {}}
+    flags_res = {"model.modes": ["<root>", "drop"], "model.params": {}}
+    at_eval = "first forward of GPT at train.py:31"
+    d = diagnosis(point(watch=flags_base), point(watch=flags_res, restores=1, at=at_eval), [LOAD])
+    assert d is None or d.bug_class != "left in the wrong mode"
+
+
+def saved(op, after_step, time_ns, path="/ckpt/step_3/rank-0.pt", thread=None):
+    event = {"op": op, "path": path, "after_step": after_step, "time_ns": time_ns}
+    return {**event, "thread": thread} if thread else event
+
+
+def test_a_rewritten_checkpoint_and_a_late_one_are_told_apart_by_the_saving_runs_events():
+    """The uninterrupted run's resume point at t=100, the resumed run's at t=1000."""
     ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 50}
-    later = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 500}
-    rewritten = diagnosis(point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=later), [LOAD])
+    base, res = point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=ckpt, time_ns=1000)
+    at_split = saved("torch.save", 3, 50)
+    rewritten = diagnosis(base, res, [LOAD], files=[at_split, saved("torch.save", 5, 300)])
     assert rewritten.bug_class == "restored from another step"
-    assert "was written again after the uninterrupted run saved it at step 3" in rewritten.cause
+    assert (
+        "was written again by the uninterrupted run after it saved it at step 3" in rewritten.cause
+    )
+    assert "torch.save(rank-0.pt) after step 5" in rewritten.cause
     assert "put {split} in the checkpoint path" in rewritten.cause
-    absent = {"path": "/ckpt/step_3", "files": 0, "latest_ns": 0}
-    late = diagnosis(point(checkpoint=absent), point(rng={"cpu": "x"}, checkpoint=later), [LOAD])
+    late = diagnosis(base, res, [LOAD], files=[saved("torch.save", 4, 300)])
     assert late.bug_class == "torn checkpoint" and "was not on disk when" in late.cause
-    on_time = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 90}
-    fine = diagnosis(point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=on_time), [LOAD])
-    assert fine.bug_class == "never restored"  # the checkpoint is not the cause
+    behind = diagnosis(base, res, [LOAD], files=[at_split, saved("open", 3, 150, thread="saver")])
+    assert behind.bug_class == "torn checkpoint" and "in thread 'saver'" in behind.cause
+
+
+def test_a_checkpoint_the_resumed_run_writes_back_into_or_rewritten_after_it_loaded_is_no_cause():
+    ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 5000}
+    base, res = point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=ckpt, time_ns=1000)
+    own = [saved("torch.save", 4, 1200)]  # the resumed run saves its state into that folder
+    after = [saved("torch.save", 3, 50), saved("torch.save", 5, 2000)]  # after the load
+    for d in (
+        diagnosis(base, res, [LOAD], files=[saved("torch.save", 3, 50)], res_files=own),
+        diagnosis(base, res, [LOAD], files=after),
+    ):
+        assert d.bug_class == "never restored"  # the checkpoint is not the cause
 
 
 OPT = {"optimizer.lr": [0.1], "optimizer.hyper": [{}], "optimizer.params": {}}

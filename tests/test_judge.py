@@ -253,3 +253,32 @@ def test_a_resume_on_another_topology_is_judged_against_the_envelope(tmp_path):
     (held,) = [f for f in verdict.every_fact if isinstance(f, TopologyFacts)]
     assert verdict.comparison.equal and held.data_exact
     assert held.envelopes[0].key == "loss"
+
+
+def _saving_run(files, steps=range(1, 6)):
+    from pytest_resume_equiv.signature import Signature
+
+    header = {"rank": 0, "world_size": 1, "phase": "uninterrupted"}
+    return {0: Signature("rank-0.jsonl", header, [(s, {}) for s in steps], True, files=files)}
+
+
+def test_a_checkpoint_saved_again_is_warned_about_from_what_the_run_did(tmp_path):
+    from pytest_resume_equiv.checks.resume import saved_again
+
+    ckpt = str(tmp_path / "ckpt")
+    once = [{"op": "torch.save", "path": f"{ckpt}/state.pt", "after_step": 2, "time_ns": 1}]
+    again = once + [{"op": "os.replace", "path": "/x/tmp", "to": ckpt, "after_step": 4}]
+    other = once + [{"op": "torch.save", "path": f"{ckpt}-4/state.pt", "after_step": 4}]
+    assert saved_again(_saving_run(once), 2, ckpt) == ""
+    assert saved_again(_saving_run(other), 2, ckpt) == ""  # another path that starts alike
+    text = saved_again(_saving_run(again), 2, ckpt)
+    assert text.startswith(f"split 2: the run that saved {ckpt} at step 2 wrote to it again ")
+    assert "after step 4 (rank 0: os.replace)" in text and "put {split} in the path" in text
+
+
+def test_a_stopping_launch_that_trained_on_is_warned_about():
+    from pytest_resume_equiv.checks.resume import went_past
+
+    assert went_past(_saving_run([], range(1, 3)), 2, "interrupted-split2") == ""
+    text = went_past(_saving_run([], range(1, 6)), 2, "interrupted-split2")
+    assert "should end at step 2 but recorded up to step 5" in text

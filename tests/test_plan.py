@@ -234,27 +234,6 @@ def test_interrupt_modes_plan_a_first_launch_per_split(tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    ("checkpoint", "marker", "warned"),
-    [
-        ("{run_dir}/rolling.pt", {}, True),
-        ("{run_dir}/ckpt/{{split}}", {}, True),  # a literal {split}: the same path every time
-        ("{run_dir}/ckpt/{split}", {}, False),
-        ("{run_dir}/rolling.pt", {"interrupt": "stop"}, False),
-        ("{run_dir}/rolling.pt", {"split": [2, 4]}, True),
-    ],
-)
-def test_a_rolling_checkpoint_path_is_warned_about_before_the_launches(
-    tmp_path, checkpoint, marker, warned
-):
-    plan = build(tmp_path, ["t.py"], checkpoint=checkpoint, **marker)
-    assert bool(plan.warnings) is warned
-    if warned:
-        (text,) = plan.warnings
-        assert text.startswith(f"checkpoint={checkpoint!r} is the same path at every split")
-        assert "put {split} in the path" in text and 'interrupt="stop"' in text
-
-
 def test_a_chain_resumes_each_link_from_the_checkpoint_the_link_before_saved(tmp_path):
     plan = build(tmp_path, train, steps=8, split=[2, 4, 6], chain=True)
     links = plan.by_role("resumed")

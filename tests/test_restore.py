@@ -129,6 +129,38 @@ def test_the_resume_point_is_the_first_forward_with_the_draws_since_the_last_res
     )
 
 
+def test_a_resume_point_call_after_an_eval_forward_is_the_point(audited):
+    """Rank 0 evaluates before its training step, which calls resume_point(): the snapshot is
+    taken at that call (where the uninterrupted run takes it), not at the eval's forward, and
+    says a forward came first; the eval's draws are in its window."""
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    torch.set_rng_state(torch.get_rng_state())
+    model.eval()
+    torch.randint(0, 4, (2,))  # the eval samples its batch from the CPU RNG
+    model(torch.ones(1, 2))  # the eval's forward
+    model.train()
+    here = f"tests/test_restore.py:{_line() + 1}"
+    req.resume_point()
+    model(torch.ones(1, 2))
+    req.record(3, loss=1.0)
+    (point,) = signature(run_dir).resume_points
+    assert point["at"] == here
+    assert point["forward_before"].startswith("first forward of Sequential at ")
+    assert ("randint", "rng:cpu") in [(d["op"], d["stream"]) for d in point["draws"]]
+
+
+def test_without_a_resume_point_call_the_first_forward_is_the_point(audited):
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Linear(2, 2)
+    model(torch.ones(1, 2))
+    model(torch.ones(1, 2))
+    req.record(3, loss=1.0)
+    req.record(4, loss=1.0)
+    (point,) = signature(run_dir).resume_points
+    assert point["at"].startswith("first forward of Linear at ") and "forward_before" not in point
+
+
 def test_the_uninterrupted_run_takes_it_after_recording_the_split(audited):
     run_dir = audited(phase="uninterrupted", split=2, steps=4)
     model = torch.nn.Linear(2, 2)

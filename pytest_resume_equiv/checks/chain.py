@@ -10,7 +10,7 @@ from typing import Any
 from ..compare import first_difference
 from ..plan import Planner
 from .base import Check, Judging, Verdict
-from .launches import one_group, resumed_from, uninterrupted_of, warn_rolling_checkpoint
+from .launches import one_group, resumed_from, uninterrupted_of
 from .resume import ResumeLike, judge_resume
 
 
@@ -74,7 +74,6 @@ class ChainLink(ResumeLike):
             resumed.link = link
             checks.append(cls(split, full, resumed))
             previous = resumed
-        warn_rolling_checkpoint(planner)
         return checks
 
     def judge(self, judge: Judging) -> tuple[Verdict, dict[str, str]]:

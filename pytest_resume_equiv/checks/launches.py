@@ -113,25 +113,6 @@ def resumed_from(
     return planner.once(name, build)
 
 
-def warn_rolling_checkpoint(planner: Planner) -> None:
-    """A checkpoint path that is the same at every split, while the uninterrupted run
-    goes on past the split: a later save to it replaces what the resumed run loads."""
-    marker = planner.marker
-    if marker.interrupt != "continue":
-        return
-    at = [planner.values("\0run_dir", s, marker.splits, marker.steps) for s in (1, 2)]
-    if planner.checkpoint_of(at[0]) != planner.checkpoint_of(at[1]):
-        return
-    saves = ", ".join(map(str, marker.splits))
-    planner.warn(
-        f"checkpoint={planner.checkpoint!r} is the same path at every split, and the "
-        f"uninterrupted run saves there at step {saves} and goes on to step {marker.steps} "
-        '(interrupt="continue"): a later save to that path replaces the checkpoint the '
-        "resumed run loads, so it may resume from another step; put {split} in the path "
-        '(the trainer saving to it), or use interrupt="stop"'
-    )
-
-
 def one_group(planner: Planner, why: str) -> None:
     """Raise unless every split shares one uninterrupted launch (`why` needs it)."""
     if len(planner.groups()) > 1:

@@ -7,18 +7,21 @@ the offline `compare` judges a pair of kept run directories exactly as the test 
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from ..comparators import Comparator, Run
 from ..compare import Comparison, format_comparison
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..diagnose.at_resume import touches
+from ..errors import ResumeEquivError
 from ..gate import GateRules, gate
 from ..noise import NoiseFacts
 from ..plan import PlannedLaunch, Planner
 from ..preflight import PreflightFacts, preflight_of
 from ..rank.layout import is_audit_key
 from .base import Check, Judging, Verdict
-from .launches import resumed_from, source_of, uninterrupted_of, warn_rolling_checkpoint
+from .launches import resumed_from, source_of, uninterrupted_of
 from .within_noise import FRESH_PROCESS, fresh_process, rejudge
 
 
@@ -76,6 +79,37 @@ def judge_resume(
     return verdict
 
 
+def saved_again(signatures: Run, split: int, checkpoint: Optional[str]) -> str:
+    """A warning when the run that saved the checkpoint at `split` wrote to it again later
+    (its file events say so): the resumed run may load the later save."""
+    if not checkpoint:
+        return ""
+    path = os.path.realpath(checkpoint)
+    for rank, sig in sorted(signatures.items()):
+        for event in sig.files:
+            if (event.get("after_step") or 0) > split and touches(event, path):
+                return (
+                    f"split {split}: the run that saved {checkpoint} at step {split} wrote to it "
+                    f"again after step {event['after_step']} (rank {rank}: {event['op']}): the "
+                    "resumed run may load that later save; put {split} in the path the trainer "
+                    'saves to, or use interrupt="stop"'
+                )
+    return ""
+
+
+def went_past(signatures: Run, split: int, name: str) -> str:
+    """A warning when the launch that should stop at the split (interrupt="stop") trained on."""
+    last = max((step for sig in signatures.values() for step, _ in sig.steps), default=0)
+    if last <= split:
+        return ""
+    return (
+        f'split {split}: the launch {name!r} (interrupt="stop") should end at step {split} but '
+        f"recorded up to step {last}: its command ignores {{steps}} (which is the split in that "
+        "launch); pass {steps} to the trainer's step limit (or read ctx.steps), so the "
+        "checkpoint is the last thing it does"
+    )
+
+
 def nothing_trains(signatures: Run) -> str:
     """A warning when the uninterrupted run changes nothing: every recorded value is the same
     at every step, or the watched parameters never change. Such a test proves little."""
@@ -102,7 +136,9 @@ class ResumeLike(Check):
     """A resume the test proves: what its verdict reads like (resume, chain link, topology)."""
 
     def __init__(self, split: int, reference: PlannedLaunch, resumed: PlannedLaunch) -> None:
-        super().__init__([reference, resumed])
+        source = resumed.source
+        others = [source] if source is not None and source is not reference else []
+        super().__init__([reference, resumed, *others])
         self.split = split
         self.reference = reference
         self.resumed = resumed
@@ -110,8 +146,23 @@ class ResumeLike(Check):
     def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
         if launch is self.reference:
             judge.warn(nothing_trains(judge.signatures(launch)))
+        if launch is self.resumed.source:
+            self.warn_about_source(launch, judge)
         if launch is self.resumed:
             self.judged(judge, *self.judge(judge))
+
+    def warn_about_source(self, launch: PlannedLaunch, judge: Judging) -> None:
+        """What the launch that saved the checkpoint did that may spoil it: saved to it again
+        later, or went on past the split where it should have stopped. Best effort: a launch
+        killed before it wrote its signature is the resumed launch's to report."""
+        try:
+            signatures = judge.signatures(launch)
+        except ResumeEquivError:
+            return
+        judge.warn(saved_again(signatures, self.split, self.resumed.spec.context.checkpoint))
+        stops = launch is not self.reference and launch.role == "interrupted"
+        if stops and not launch.kill_after:
+            judge.warn(went_past(signatures, self.split, launch.name))
 
     def judge(self, judge: Judging) -> tuple[Verdict, dict[str, str]]:
         """The resumed launch finished: its verdict, and the run directories it was compared
@@ -233,7 +284,6 @@ class Resume(ResumeLike):
             full = uninterrupted_of(planner, split)
             resumed = resumed_from(planner, split, full, source_of(planner, split))
             checks.append(cls(split, full, resumed))
-        warn_rolling_checkpoint(planner)
         return checks
 
     def judge(self, judge: Judging) -> tuple[Verdict, dict[str, str]]:

@@ -15,7 +15,6 @@ from .launches import (
     resumed_from,
     source_of,
     uninterrupted_of,
-    warn_rolling_checkpoint,
 )
 from .resume import ResumeLike
 
@@ -67,7 +66,6 @@ class OtherTopology(ResumeLike):
             resumed = resumed_from(planner, split, full, source_of(planner, split))
             resumed.after = (other,)  # needed to judge it: run it first
             checks.append(cls(split, full, resumed, other))
-        warn_rolling_checkpoint(planner)
         return checks
 
     def on_verdict(self, verdict: Verdict, judge: Judging) -> None:

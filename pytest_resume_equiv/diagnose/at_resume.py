@@ -10,6 +10,7 @@ gives its fix in one line.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from ..rank.layout import watched, watched_part
@@ -19,41 +20,75 @@ from .evidence import Diagnosis, Evidence
 from .subject import equal_to_step, names, point_differences, point_value, subjects
 
 
+def touches(event: dict, path: str) -> bool:
+    """Whether a file event wrote (or renamed, or deleted) something at or under `path`."""
+    inside = [event.get("path") or "", event.get("to") or ""]
+    return any(p == path or p.startswith(path.rstrip(os.sep) + os.sep) for p in inside if p)
+
+
 def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
-    """The checkpoint the resumed run loaded was written after the uninterrupted run had
-    saved at the split and gone on: a later save to the same path (it was there when the
-    uninterrupted run moved on), or a save that finished late (it was not)."""
+    """The checkpoint the resumed run loaded, read from the file events of the run that saved
+    it (never from file times: the resumed run may write into the folder it loaded): first
+    written only after the uninterrupted run had gone on past the split, or partly in a
+    background thread then (a late save: torn), or written again by a later save before the
+    resumed run read it (a rolling path)."""
     saved = [ev.base_sigs[r].resume_point(ev.split) for r in sorted(ev.base_sigs)]
     if not saved or any(p is None for p in saved):
         return None
     moved_on = max(p.get("time_ns", 0) for p in saved)
-    there = all((p.get("checkpoint") or {}).get("files") for p in saved)
-    paths = {(p.get("checkpoint") or {}).get("path") for p in saved}
     for rank in sorted(ev.res_sigs):
         _, res = ev.points(rank)
-        loaded = (res or {}).get("checkpoint") or {}
-        if loaded.get("path") not in paths or not loaded.get("latest_ns", 0) > moved_on > 0:
+        path = ((res or {}).get("checkpoint") or {}).get("path")
+        if not path or not moved_on:
             continue
-        later = equal_to_step(ev, rank)
-        state = f"; what it restored is the uninterrupted run's state after step {later}"
-        state = state if later else ""
-        if not there:
+        path = os.path.realpath(path)
+        writes = [
+            (r, e) for r, sig in sorted(ev.base_sigs.items()) for e in sig.files if touches(e, path)
+        ]
+        loaded_by = (res or {}).get("time_ns") or float("inf")
+        on_time = [(r, e) for r, e in writes if e.get("time_ns", 0) <= moved_on]
+        behind = [(r, e) for r, e in writes if e.get("time_ns", 0) > moved_on and e.get("thread")]
+        again = [(r, e) for r, e in writes if (e.get("after_step") or 0) > ev.split]
+        again = [(r, e) for r, e in again if e.get("time_ns", 0) < loaded_by]
+        step = equal_to_step(ev, rank)
+        state = f"; what it restored is the uninterrupted run's state after step {step}"
+        state = state if step else ""
+        if writes and (not on_time or behind):
+            writer, event = (behind or writes)[0]
+            thread = f" in thread {event['thread']!r}" if event.get("thread") else ""
             return Diagnosis(
-                f"rank {rank}: the checkpoint at {loaded['path']} was not on disk when the "
-                f"uninterrupted run went on past step {ev.split}; it was written later, after "
-                f"training had changed the tensors{state}. Fix: finish the save (or copy the "
-                "state it writes) before the next step: a background or asynchronous save must "
-                "not read tensors the training goes on updating",
+                f"rank {rank}: the checkpoint at {path} was not on disk when the uninterrupted "
+                f"run went on past step {ev.split}; it was written later{thread} (rank {writer}: "
+                f"{_event_words(event)} after step {event.get('after_step')}), after training "
+                f"had changed the tensors{state}. Fix: finish the save (or copy the state it "
+                "writes) before the next step: a background or asynchronous save must not read "
+                "tensors the training goes on updating",
                 "torn checkpoint",
             )
-        return Diagnosis(
-            f"rank {rank}: the checkpoint at {loaded['path']} was written again after the "
-            f"uninterrupted run saved it at step {ev.split} and went on: the resumed run loaded "
-            f"a later save to the same path{state}. Fix: put {{split}} in the checkpoint path "
-            '(one checkpoint per split), or use interrupt="stop"',
-            "restored from another step",
-        )
+        if again:
+            writer, event = again[0]
+            return Diagnosis(
+                f"rank {rank}: the checkpoint at {path} was written again by the uninterrupted "
+                f"run after it saved it at step {ev.split} (rank {writer}: {_event_words(event)} "
+                f"after step {event['after_step']}), before the resumed run loaded it: the "
+                f"resumed run loaded a later save to the same path{state}. Fix: put {{split}} in "
+                'the checkpoint path (one checkpoint per split), or use interrupt="stop"',
+                "restored from another step",
+            )
     return None
+
+
+def _event_words(event: dict) -> str:
+    op, path = event["op"], os.path.basename(event.get("path", ""))
+    to = f" -> {os.path.basename(event['to'])}" if event.get("to") else ""
+    return f"{op}({path}{to})"
+
+
+def same_place(base: Optional[dict], res: Optional[dict]) -> bool:
+    """Whether two resume-point snapshots were taken at the same program point (the same
+    `resume_point()` line, or the first forward at the same line): only then do their train/
+    eval flags say anything about the restore (an eval's forward is in eval mode)."""
+    return base is not None and res is not None and base.get("at") == res.get("at")
 
 
 def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
@@ -61,6 +96,8 @@ def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
         modes = [k for k in point_differences(ev, rank) if watched_part(k) == "modes"]
         if modes:
             base, res = ev.points(rank)
+            if not same_place(base, res):
+                continue
             a, b = point_value(base, modes[0]) or [], point_value(res, modes[0]) or []
             order = {"key": lambda n: (n != "<root>", n)}
             only_res, only_base = sorted(set(b) - set(a), **order), sorted(set(a) - set(b), **order)

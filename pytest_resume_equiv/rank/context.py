@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .encode import encode
+from .files import Event, FileLog
 from .layout import (
     CONTEXT_ENV,
     RNG,
@@ -175,6 +176,10 @@ class RankState:
         self.watched = Watched()
         self.generators = Generators()
         self.restores = RestoreLog()
+        self.files = FileLog()
+        self.files.listeners.append(self._file_event)
+        self.early_files: list[Event] = []
+        """File events before the signature was opened (written right after its header)."""
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
         self.point = ResumePoint(window)
 
@@ -193,8 +198,9 @@ class RankState:
         writer = self.open()
         if writer.records == 0:  # the training has set its knobs by its first step
             writer.preflight(preflight_capture())
+        self.write_pending_point()
         writer.write_step(step, encoded, self.capture())
-        self.restores.after_step = step
+        self.restores.after_step = self.files.after_step = step
         self.point.after_record(step, ctx.resuming, ctx.splits)
         if ctx.phase == "teeth" and writer.records == 1:
             # The teeth check: from here on every random stream is unrelated to the
@@ -218,27 +224,44 @@ class RankState:
             return
         self.point.explicit = True
         if self.point.armed is not None:
-            self.take_resume_point(at or user_frame(2))
+            first = self.point.pending
+            self.take_resume_point(at or user_frame(2), forward_before=first)
 
     def capture(self) -> dict[str, Any]:
         """Every automatic section (layout.SECTIONS), as its capture function sees it now."""
         return {name: CAPTURES[name](self) for name in section_names()}
 
-    def take_resume_point(self, at: str) -> None:
-        """Write the snapshot that is due: every section, the checkpoint's files, the draws
-        traced in the window (each knows how many restores came before it)."""
+    def take_resume_point(
+        self, at: str, forward_before: Optional[dict[str, Any]] = None, write: bool = True
+    ) -> dict[str, Any]:
+        """The snapshot that is due: every section, the checkpoint's files, the draws traced
+        in the window (each knows how many restores came before it). Written now, or held
+        (`write=False`: taken at a forward, while `resume_point()` may still come)."""
         ctx = self.context
         assert ctx is not None
-        split, draws = self.point.take()
+        # after a held snapshot the trace has ended: its draws are those up to that forward
+        split, draws = self.point.take() if write else self.point.hold()
         checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
         snapshot = {"split": split, "at": at, "time_ns": time.time_ns(), **self.capture()}
         snapshot.update(
             checkpoint=fingerprint_files(checkpoint), draws=draws, restores=self.restores.count
         )
-        self.open().resume_point(snapshot)
+        if forward_before is not None:
+            snapshot["forward_before"] = forward_before["at"]
+        if write:
+            self.open().resume_point(snapshot)
+        return snapshot
+
+    def write_pending_point(self) -> None:
+        """A snapshot held since a forward, with no `resume_point()` after it: the point."""
+        pending = self.point.pending
+        if pending is not None:
+            self.point.take()
+            self.open().resume_point(pending)
 
     def _on_forward(self, module: Any) -> None:
-        self.take_resume_point(f"first forward of {type(module).__name__} at {user_frame(2)}")
+        at = f"first forward of {type(module).__name__} at {user_frame(2)}"
+        self.point.pending = self.take_resume_point(at, write=False)
 
     def _generator_restored(self, generator: Any, call: str) -> None:
         if not self.restores.nested:
@@ -264,7 +287,16 @@ class RankState:
             path = signature_path(ctx.run_dir, ctx.rank)
             self.writer = SignatureWriter(path, first_line, self._drain_restores)
             atexit.register(self.close)
+            for event in self.early_files:
+                self.writer.file_event(event)
+            self.early_files.clear()
         return self.writer
+
+    def _file_event(self, event: Event) -> None:
+        if self.writer is not None and self.writer.is_open:
+            self.writer.file_event(event)
+        elif self.writer is None:
+            self.early_files.append(event)
 
     def _drain_restores(self) -> list[dict[str, Any]]:
         return self.restores.drain(self.watched.name_of)
@@ -279,6 +311,8 @@ class RankState:
         state that says training is over) takes its resume point now; then the footer."""
         ctx = self.context
         open_now = self.writer is not None and self.writer.is_open
+        if open_now:
+            self.write_pending_point()
         if ctx is not None and open_now and ctx.resuming and self.point.armed is not None:
             self.take_resume_point("the end of the run (no step ran after the load)")
         self.close()
@@ -303,6 +337,10 @@ class RankState:
         if "torch" in sys.modules:
             self.restores.install_torch()
         self.restores.install_host()
+        self.files.watch(ctx.run_dir, os.path.dirname(ctx.checkpoint) if ctx.checkpoint else None)
+        self.files.install()
+        self.restores.after_import("torch.distributed.checkpoint", self.files.install_dcp)
+        self.restores.after_import("safetensors.torch", self.files.install_safetensors)
         if ctx.resuming:
             self.restores.listeners.append(self.point.on_restore)
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
@@ -310,6 +348,7 @@ class RankState:
     def uninstall(self) -> None:
         """Undo `install` (a rank never needs it; an in-process test does)."""
         self.point.uninstall()
+        self.files.uninstall()
         self.restores.uninstall()
         self.restores.listeners.clear()
         self.generators.uninstall()

@@ -198,9 +198,12 @@ IGNORED = "ignored"
 """The audit keys the trainer left out on purpose (`track(..., ignore=True)`)."""
 PREFLIGHT = "preflight"
 """The determinism knobs as the training set them (`rank/preflight.py`), at the first record."""
+FILE_EVENT = "file_event"
+"""A file the training wrote, renamed, linked or deleted (`rank/files.py`), written at once
+(a rank killed in a save leaves the events before the kill)."""
 END = "end"
 """The footer (`{"records": N}`): the rank finished recording and closed the file."""
-LINE_KINDS = (END, RESTORE, RESUME_POINT, IGNORED, PREFLIGHT)
+LINE_KINDS = (END, RESTORE, RESUME_POINT, IGNORED, PREFLIGHT, FILE_EVENT)
 """The lines that are not steps, each `{kind: payload}`."""
 
 

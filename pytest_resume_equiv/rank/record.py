@@ -11,10 +11,12 @@ import json
 import os
 import platform
 import sys
+import threading
 from typing import IO, Any, Callable, Optional
 
 from .layout import (
     END,
+    FILE_EVENT,
     IGNORED,
     PREFLIGHT,
     RESTORE,
@@ -68,6 +70,7 @@ class SignatureWriter:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.records = 0
         self.drain = drain
+        self._lock = threading.Lock()  # a background save's file events come from its thread
         self.file: Optional[IO[str]] = open(path, "w", encoding="utf-8")
         self._write(first_line)
 
@@ -77,13 +80,17 @@ class SignatureWriter:
 
     def _write(self, obj: dict[str, Any]) -> None:
         """One line, after the restores logged since the last one (none before the header)."""
-        assert self.file is not None
-        restores = self.drain() if self.file.tell() else []
-        lines = [{RESTORE: entry} for entry in restores] + [obj]
-        self.file.write(
-            "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
-        )
-        self.file.flush()
+        with self._lock:
+            assert self.file is not None
+            restores = self.drain() if self.file.tell() else []
+            lines = [{RESTORE: entry} for entry in restores] + [obj]
+            text = (json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
+            self.file.write("".join(text))
+            self.file.flush()
+
+    def file_event(self, event: dict[str, Any]) -> None:
+        if self.file is not None:
+            self._write({FILE_EVENT: event})
 
     def write_step(self, step: int, values: dict[str, Any], sections: dict[str, Any]) -> None:
         """The user's encoded `values` and the captured `sections` (an empty one is left out)."""

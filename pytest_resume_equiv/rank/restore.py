@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from .layout import ALL_DEVICES, DEVICE_KINDS, device_stream, file_target, stream_key
-from .trace import user_frame
+from .trace import called_from_torch, user_frame
 
 Entry = dict[str, Any]
 """One restore: `call`, `what` (the audit's name of what it restored), `at` (the user's
@@ -129,7 +129,7 @@ class RestoreLog:
         @functools.wraps(original)
         def logged(*args: Any, **kwargs: Any) -> Any:
             outer = getattr(depth, "n", 0)
-            bookkeeping = outer == 0 and users_only and _called_by_torch()
+            bookkeeping = outer == 0 and users_only and called_from_torch(2)
             depth.n = outer + 1
             try:
                 result = original(*args, **kwargs)
@@ -194,7 +194,7 @@ class RestoreLog:
             return
         if self._after_import not in sys.meta_path:
             sys.meta_path.insert(0, self._after_import)
-        self._after_import.hooks[name] = hook
+        self._after_import.hooks.setdefault(name, []).append(hook)
 
     def _wrap_family(self, base: type, kind: str) -> None:
         """`load_state_dict` of `base` and of every subclass that defines its own (LambdaLR
@@ -279,11 +279,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls a function with a module right after it is first imported."""
 
     def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[Any], None]] = {}
+        self.hooks: dict[str, list[Callable[[Any], None]]] = {}
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        hook = self.hooks.pop(name, None)
-        if hook is None:
+        hooks = self.hooks.pop(name, None)
+        if not hooks:
             return None
         spec = importlib.util.find_spec(name)  # the real one (this finder no longer has it)
         if spec is None or spec.loader is None:
@@ -292,7 +292,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             real(module)
-            hook(module)
+            for hook in hooks:
+                hook(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -311,18 +312,6 @@ def _device_index(kind: str, args: tuple, kwargs: dict) -> str:
     if index is None or index == -1:
         return str(getattr(sys.modules["torch"], kind).current_device())
     return str(index)
-
-
-_TORCH_DIR: list[str] = []
-
-
-def _called_by_torch() -> bool:
-    """Whether the function that called a wrapped setter is torch's own code."""
-    if not _TORCH_DIR:
-        torch_file = getattr(sys.modules.get("torch"), "__file__", None) or ""
-        _TORCH_DIR.append(os.path.dirname(torch_file) + os.sep if torch_file else "")
-    caller = sys._getframe(2).f_code.co_filename
-    return bool(_TORCH_DIR[0]) and caller.startswith(_TORCH_DIR[0])
 
 
 def _object_name(obj: Any, *args: Any, **kwargs: Any) -> Any:

@@ -30,6 +30,10 @@ class ResumePoint:
         """The split a snapshot is due for (None: none due)."""
         self.explicit = False
         """The trainer marks the point itself (`resume_point()`), so forward passes do not."""
+        self.pending: Optional[dict[str, Any]] = None
+        """The snapshot taken at the first forward while one was due: written at the next
+        record, unless `resume_point()` comes first (a rank that evaluates before its training
+        step calls it: both runs must snapshot at that call, not at the eval's forward)."""
         self.hook: Any = None
 
     def install(self, resuming_after: Optional[int], on_forward: Callable[[Any], None]) -> None:
@@ -41,7 +45,7 @@ class ResumePoint:
         if torch is not None and self.hook is None:
 
             def hook(module: Any, args: Any) -> None:
-                if self.armed is not None and not self.explicit:
+                if self.armed is not None and not self.explicit and self.pending is None:
                     on_forward(module)
 
             self.hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
@@ -73,7 +77,15 @@ class ResumePoint:
         split = self.armed
         assert split is not None, "take() with no resume point due"
         self.armed = None
+        self.pending = None
         return split, self.window.stop()
+
+    def hold(self) -> tuple[int, list[dict[str, Any]]]:
+        """(the split a snapshot is due for, the draws traced in its window), staying armed
+        for a `resume_point()` call; the trace ends here all the same (tracing a whole step
+        would slow it down)."""
+        assert self.armed is not None, "hold() with no resume point due"
+        return self.armed, self.window.stop()
 
 
 def fingerprint_files(path: Optional[str]) -> Optional[dict[str, Any]]:

@@ -1,0 +1,165 @@
+"""The file-event log: every file the training writes, renames, links or deletes in the run's
+folders, in order, with the step it came after.
+
+A checkpoint's files tell what state they hold only together with who wrote them and when:
+"written again by the uninterrupted run at step 5" (a rolling path), "written by the resumed
+run after it had loaded them" (nothing wrong), "still being written after the run went on"
+(a background save) read the same from a folder's newest file time. So each rank logs the
+events themselves: `open` for writing, `os.replace` / `rename` / `link` / `unlink` / `rmdir`,
+`shutil.rmtree`, `os.fsync`, and the savers whose inner writes belong to one call
+(`torch.save`, DCP's `save` / `async_save`, safetensors' `save_file`). Only the outermost of
+nested calls is logged (`torch.save` opens its file), and only paths inside the folders given
+(the launch's run directory, the checkpoint's); the plugin's own files are left out.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from .layout import PLUGIN_FILES, RANK_DIRS
+
+Event = dict[str, Any]
+"""One event: `op`, `path` (and `to` for a rename or link), `after_step` (the last step
+recorded before it), `time_ns`, and `thread` when not the main thread (a background save)."""
+
+WRITE_MODES = set("wax+")
+
+
+class FileLog:
+    """One rank's file events and the wrappers that feed them (`install`, `uninstall`)."""
+
+    def __init__(self) -> None:
+        self.roots: list[str] = []
+        self.after_step: Any = None
+        self.listeners: list[Callable[[Event], None]] = []
+        self._depth = threading.local()
+        self._wrapped: list[tuple[Any, str, Any]] = []
+
+    def watch(self, *folders: Optional[str]) -> None:
+        """Log events inside `folders` (a folder that does not exist yet is fine)."""
+        for folder in folders:
+            if folder:
+                root = os.path.realpath(folder)
+                if root not in self.roots:
+                    self.roots.append(root)
+
+    def inside(self, path: str) -> Optional[str]:
+        """`path` as logged (its real path) if it is in a watched folder and not the
+        plugin's own, else None."""
+        real = os.path.realpath(path)
+        for root in self.roots:
+            if real == root or real.startswith(root + os.sep):
+                first = os.path.relpath(real, root).split(os.sep)[0]
+                if first in RANK_DIRS or first in PLUGIN_FILES:
+                    return None
+                return real
+        return None
+
+    def log(self, op: str, path: Any, to: Any = None) -> None:
+        name = _path_of(path)
+        if name is None:
+            return
+        real = self.inside(name)
+        target = _path_of(to) if to is not None else None
+        real_to = self.inside(target) if target is not None else None
+        if real is None and real_to is None:
+            return
+        event: Event = {"op": op, "path": real or name, "after_step": self.after_step}
+        if target is not None:
+            event["to"] = real_to or target
+        event["time_ns"] = time.time_ns()
+        thread = threading.current_thread()
+        if thread is not threading.main_thread():
+            event["thread"] = thread.name
+        for listener in self.listeners:
+            listener(event)
+
+    def _wrap(self, owner: Any, name: str, op: str, paths: Callable[..., tuple]) -> None:
+        """Replace `owner.name` with a function that logs `op` on `paths(*args, **kwargs)`
+        ((path,) or (path, to), or () for nothing to log) after the call returns: the event is
+        what happened, not what was tried."""
+        original = getattr(owner, name, None)
+        if original is None or any(o is owner and n == name for o, n, _ in self._wrapped):
+            return
+        depth, log = self._depth, self.log
+
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            outer = getattr(depth, "n", 0)
+            depth.n = outer + 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                depth.n = outer
+            if outer == 0:
+                try:
+                    found = paths(*args, **kwargs)
+                except Exception:  # naming is best effort: the call itself happened
+                    found = ()
+                if found:
+                    log(op, *found)
+            return result
+
+        logged.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(owner, name, logged)
+        self._wrapped.append((owner, name, original))
+
+    def install(self) -> None:
+        """Wrap the calls that write files (the savers of torch, DCP and safetensors once
+        imported: `after_import` of the restore log calls `install_savers`)."""
+        for owner in (builtins, io):
+            self._wrap(owner, "open", "open", _opened_for_writing)
+        for name in ("replace", "rename", "link", "symlink"):
+            self._wrap(os, name, f"os.{name}", lambda a, b, *r, **k: (a, b))
+        for name in ("unlink", "remove", "rmdir"):
+            self._wrap(os, name, f"os.{name}", lambda p, *r, **k: (p,))
+        self._wrap(shutil, "rmtree", "shutil.rmtree", lambda p, *r, **k: (p,))
+        self._wrap(os, "fsync", "os.fsync", lambda fd, *r, **k: _fd_path(fd))
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._wrap(torch, "save", "torch.save", lambda obj, f, *r, **k: (f,))
+
+    def install_dcp(self, module: Any) -> None:
+        for name in ("save", "async_save"):
+            self._wrap(module, name, f"torch.distributed.checkpoint.{name}", _dcp_folder)
+
+    def install_safetensors(self, module: Any) -> None:
+        self._wrap(module, "save_file", "safetensors.torch.save_file", lambda t, f, *r, **k: (f,))
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._wrapped):
+            setattr(owner, name, original)
+        self._wrapped.clear()
+
+
+def _path_of(path: Any) -> Optional[str]:
+    if isinstance(path, (str, bytes, os.PathLike)):
+        name = os.fsdecode(path)
+        return name if name else None
+    return getattr(path, "name", None) if isinstance(getattr(path, "name", None), str) else None
+
+
+def _opened_for_writing(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> tuple:
+    mode = kwargs.get("mode", mode)
+    if isinstance(file, int) or not isinstance(mode, str) or not WRITE_MODES & set(mode):
+        return ()
+    return (file,)
+
+
+def _fd_path(fd: Any) -> tuple:
+    fd = fd if isinstance(fd, int) else getattr(fd, "fileno", lambda: None)()
+    try:
+        return (os.readlink(f"/proc/self/fd/{fd}"),)
+    except (OSError, TypeError):
+        return ()
+
+
+def _dcp_folder(*args: Any, checkpoint_id: Any = None, storage_writer: Any = None, **kw: Any):
+    path = checkpoint_id or getattr(storage_writer, "path", None)
+    return (path,) if path is not None else ()
