@@ -30,11 +30,11 @@ from typing import Any, Optional
 from . import facts
 from .accounting import DataAccount, account, global_ids, is_identity_key, shared_across_ranks
 from .compare import Comparison, Divergence, value_difference
-from .rank.layout import FLOAT_TAG, TENSOR_TAG, is_audit_key
+from .noise import deviation, magnitude, split_value
+from .rank.layout import WATCH, is_audit_key, section_of, watched_part
 from .relax import ToleranceRule, tolerance_for
 from .signature import Signature
 from .step_problems import step_problems
-from .values import scalar
 
 ENVELOPE_FACTOR = 4.0
 """How far beyond the topology's own noise a resumed run may go: the noise is measured from
@@ -217,9 +217,22 @@ def _keys(run: Run) -> set[str]:
     return {k for sig in run.values() for _, values in sig.steps for k in values}
 
 
+REPLICATED_PARTS = ("params", "state")
+"""Watched parts that data parallelism keeps the same on every rank (DDP's parameters and
+optimizer state): where they are, they are global values, comparable on any topology."""
+
+
 def _global_keys(runs: list[Run]) -> set[str]:
-    """The user's values that are identical on every rank at every step of every run."""
-    keys = {k for k in _keys(runs[0]) if not is_audit_key(k) and not is_identity_key(k)}
+    """The user's values, and the watched parameters and optimizer state, that are identical
+    on every rank at every step of every run."""
+    keys = {
+        k
+        for k in _keys(runs[0])
+        if not is_identity_key(k)
+        and (
+            not is_audit_key(k) or (section_of(k) == WATCH and watched_part(k) in REPLICATED_PARTS)
+        )
+    }
     for run in runs:
         by_rank = [sig.by_step() for _, sig in sorted(run.items())]
         for steps in by_rank[1:]:
@@ -229,32 +242,11 @@ def _global_keys(runs: list[Run]) -> set[str]:
     return keys
 
 
-def numbers(value: Any) -> Optional[list[float]]:
-    """The numbers an encoded value holds (a float, an int, a small tensor's values, a large
-    one's statistics), or None when it is not numeric."""
-    if isinstance(value, dict) and TENSOR_TAG in value:
-        t = value[TENSOR_TAG]
-        found = t.get("values", list(t.get("stats", {}).values()))
-        try:
-            return [float(v) for v in found]
-        except (TypeError, ValueError):
-            return None
-    if isinstance(value, dict) and FLOAT_TAG not in value:
-        return None
-    number = scalar(value)
-    return None if number is None else [number]
-
-
 def _deviation(a: Any, b: Any) -> Optional[float]:
-    xs, ys = numbers(a), numbers(b)
-    if xs is None or ys is None or len(xs) != len(ys):
-        return None
-    worst = 0.0
-    for x, y in zip(xs, ys):
-        if x == y or (math.isnan(x) and math.isnan(y)):
-            continue
-        worst = max(worst, abs(x - y) if not (math.isnan(x) or math.isnan(y)) else math.inf)
-    return worst
+    """The largest difference between the numbers of two values (a float, a tensor's values or
+    statistics, a watched object's fingerprints by their statistics), None when they hold no
+    number or differ in something else (`noise.deviation`)."""
+    return deviation(a, b) if split_value(a)[0] else None
 
 
 def _envelope(
@@ -278,7 +270,7 @@ def _envelope(
     worst = Envelope(key, first, 0.0, noise, ENVELOPE_FACTOR * noise + atol)
     for step in range(first, steps + 1):
         expected = base[step].get(key)
-        allowed = ENVELOPE_FACTOR * noise + atol + rtol * max(map(abs, numbers(expected) or [0]))
+        allowed = ENVELOPE_FACTOR * noise + atol + rtol * magnitude(expected)
         for sig in res.values():
             dev = _deviation(expected, sig.by_step().get(step, {}).get(key))
             if dev is None:

@@ -225,7 +225,7 @@ CASES = [
         "was restored (torch.set_rng_state at orderzoo.py:",
         "and then advanced by 4 draws",
         "random_ at orderzoo.py:58, randn at orderzoo.py:51 (3 times)",
-        "Fix: restore the stream after that code runs",
+        "otherwise restore the stream after that code runs",
         script=ORDER,
         group="c",
     ),

@@ -21,7 +21,8 @@ def point(rng=None, watch=None, draws=(), restores=0, checkpoint=None, time_ns=1
         "checkpoint": checkpoint,
         "draws": [
             {"op": op, "stream": stream, "at": at, "after_restores": after, "shape": None}
-            for op, stream, at, after in draws
+            | ({"time_ns": when[0]} if when else {})
+            for op, stream, at, after, *when in draws
         ],
         "restores": restores,
     }
@@ -316,3 +317,44 @@ def test_a_data_order_difference_gets_a_lead_about_a_draw_before_a_restore():
     assert any(
         "was drawn from (random_ at loader.py:9) before it was restored" in n for n in d.notes
     )
+
+
+@pytest.mark.parametrize("key", ["ids", "x"])
+def test_a_batch_lost_at_the_resume_names_the_prefetch_and_the_skip_count(key):
+    """The first resumed step consumed the uninterrupted run's next batch: one batch lost."""
+    base = {0: run("uninterrupted", range(1, 7), lambda s: {key: [s], "rng:cpu": "c"})}
+    res = {0: run("resumed", range(4, 7), lambda s: {key: [s + 1], "rng:cpu": "c"})}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order"
+    assert "consumed the batch the uninterrupted run consumed at step 5" in d.cause
+    assert "prefetched" in d.cause and "number of batches skipped" in d.cause
+
+
+def test_another_order_is_no_lost_batch():
+    base = {0: run("uninterrupted", range(1, 7), lambda s: {"ids": [s], "rng:cpu": "c"})}
+    res = {0: run("resumed", range(4, 7), lambda s: {"ids": [s + 10], "rng:cpu": "c"})}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order" and "lost" not in d.cause
+
+
+def test_an_eval_the_resumed_run_repeats_before_its_first_step_is_named():
+    """Rank 0 evaluates at the top of the iteration that saves (its batches from the CPU RNG):
+    the uninterrupted run draws them before writing the checkpoint, the resumed run again after
+    restoring it. The same code ran once in each run: named as a repeat, not a bad restore."""
+    ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 50}
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    eval_draws = [("randint", "rng:cpu", "train.py:61", 0, 10)] * 4
+    base = point(checkpoint=ckpt, draws=eval_draws)
+    res = point(
+        rng={"cpu": "x"},
+        checkpoint=ckpt,
+        restores=2,
+        draws=[("randint", "rng:cpu", "train.py:61", 2, 900)] * 4,
+    )
+    save = saved("torch.save", 3, 20)
+    d = diagnosis(base, res, [LOAD, set_state], files=[save])
+    assert d.bug_class == "repeated before the resume"
+    assert "repeats code the uninterrupted run ran before it wrote the checkpoint" in d.cause
+    assert "randint at train.py:61 (4 times)" in d.cause
+    # without the save's events nothing tells the repeat: the draws are the same in both
+    assert diagnosis(base, res, [LOAD, set_state]).bug_class != "repeated before the resume"

@@ -282,3 +282,34 @@ def test_a_stopping_launch_that_trained_on_is_warned_about():
     assert went_past(_saving_run([], range(1, 3)), 2, "interrupted-split2") == ""
     text = went_past(_saving_run([], range(1, 6)), 2, "interrupted-split2")
     assert "should end at step 2 but recorded up to step 5" in text
+
+
+def test_the_teeth_advice_on_another_topology_offers_no_escape():
+    """Turning the teeth check off on a resume onto fewer ranks would let a wrong resume pass
+    (only values the same on every rank are compared there): the advice never says so."""
+    from pytest_resume_equiv.checks.base import Verdict
+    from pytest_resume_equiv.checks.teeth import Teeth
+    from pytest_resume_equiv.compare import Comparison
+
+    def text(runs):
+        cmp = Comparison(split=3, steps=6, world_size=1)
+        verdict = Verdict("teeth", "failed", "teeth check", 3, comparison=cmp, runs=runs)
+        return "\n".join(Teeth.block(verdict, None, "kept"))
+
+    assert "pass rng_mutation=False" in text({"teeth": "/r/teeth"})
+    topology = text({"teeth": "/r/teeth", "topology": "/r/other"})
+    assert "rng_mutation=False" not in topology and "the loss after an all-reduce" in topology
+
+
+def test_a_resumed_launch_that_writes_over_what_it_loaded_is_warned_about(tmp_path):
+    from pytest_resume_equiv.checks.resume import wrote_what_it_loaded
+
+    path = str(tmp_path / "out" / "ckpt.pt")
+    run = _saving_run([{"op": "torch.save", "path": path, "after_step": 6}])
+    assert wrote_what_it_loaded(run, "resumed-split3") == ""  # it loaded nothing there
+    run[0].restores.append({"call": "torch.load", "what": f"file {path}"})
+    text = wrote_what_it_loaded(run, "resumed-split3")
+    assert text.startswith("the launch 'resumed-split3' wrote to a checkpoint file it had loaded")
+    beside = _saving_run([{"op": "torch.save", "path": path + ".new", "after_step": 6}])
+    beside[0].restores.append({"call": "torch.load", "what": f"file {path}"})
+    assert wrote_what_it_loaded(beside, "resumed-split3") == ""

@@ -118,3 +118,27 @@ def test_ranks_that_share_samples_are_named_instead_of_a_per_process_skip():
     assert "seen fewer times than in the uninterrupted run" in check.data[0].text()
     note = topology_diagnosis(cmp, check).notes[0]
     assert "ranks consumed the same samples at step 1" in note and "not sharded" in note
+
+
+def test_parameters_replicated_on_every_rank_are_held_to_the_envelope_too():
+    """DDP keeps the watched parameters the same on every rank: on another topology they are
+    global values, so weights that drift beyond the topology's noise fail even when the loss
+    stays inside (rank 1's saved batch and stream dropped on a resume onto one rank)."""
+
+    def params(drift):
+        def extra(s, rank):
+            w = 0.5 + 0.01 * s + drift(s)
+            return {"watch:model.params": {"w": {"hash": f"h{s}{drift(s)}", "norm": w}}}
+
+        return extra
+
+    base = run("uninterrupted", 2, range(1, STEPS + 1), extra=params(lambda s: 0.0))
+    other = run("topology", 1, range(1, STEPS + 1), extra=params(lambda s: 1e-7))
+    good = run("resumed", 1, range(4, 7), extra=params(lambda s: 2e-7))
+    cmp, check = judge(good, base, other)
+    assert cmp.equal, cmp
+    assert "watch:model.params" in [e.key for e in check.envelopes]
+    bad = run("resumed", 1, range(4, 7), extra=params(lambda s: 1.2e-3))
+    cmp, _ = judge(bad, base, other)
+    assert not cmp.equal and cmp.divergence.key == "watch:model.params"
+    assert "beyond the topology's noise" in cmp.divergence.detail

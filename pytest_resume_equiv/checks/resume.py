@@ -13,13 +13,13 @@ from typing import Any, Optional
 from ..comparators import Comparator, Run
 from ..compare import Comparison, format_comparison
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
-from ..diagnose.at_resume import touches
+from ..diagnose.evidence import touches
 from ..errors import ResumeEquivError
 from ..gate import GateRules, gate
 from ..noise import NoiseFacts
 from ..plan import PlannedLaunch, Planner
 from ..preflight import PreflightFacts, preflight_of
-from ..rank.layout import is_audit_key
+from ..rank.layout import is_audit_key, target_file
 from .base import Check, Judging, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
 from .within_noise import FRESH_PROCESS, fresh_process, rejudge
@@ -97,6 +97,28 @@ def saved_again(signatures: Run, split: int, checkpoint: Optional[str]) -> str:
     return ""
 
 
+def wrote_what_it_loaded(signatures: Run, name: str) -> str:
+    """A warning when a resumed launch wrote over (or deleted) a checkpoint file it had
+    loaded: every launch that resumes from that checkpoint after it (the teeth check, other
+    tests sharing the uninterrupted launch) loads what it wrote instead."""
+    for rank, sig in sorted(signatures.items()):
+        loaded = {
+            os.path.realpath(path)
+            for entry in sig.restores
+            if (path := target_file(str(entry.get("what", "")))) is not None
+        }
+        for event in sig.files:
+            if event.get("path") in loaded or event.get("to") in loaded:
+                return (
+                    f"the launch {name!r} wrote to a checkpoint file it had loaded (rank {rank}: "
+                    f"{event['op']}({event['path']}) after step {event.get('after_step')}): "
+                    "launches that resume from that checkpoint after it (the teeth check, other "
+                    "tests sharing the uninterrupted launch) load what it wrote; let the resumed "
+                    "run save under its own {run_dir}"
+                )
+    return ""
+
+
 def went_past(signatures: Run, split: int, name: str) -> str:
     """A warning when the launch that should stop at the split (interrupt="stop") trained on."""
     last = max((step for sig in signatures.values() for step, _ in sig.steps), default=0)
@@ -149,6 +171,7 @@ class ResumeLike(Check):
         if launch is self.resumed.source:
             self.warn_about_source(launch, judge)
         if launch is self.resumed:
+            judge.warn(wrote_what_it_loaded(judge.signatures(launch), launch.name))
             self.judged(judge, *self.judge(judge))
 
     def warn_about_source(self, launch: PlannedLaunch, judge: Judging) -> None:

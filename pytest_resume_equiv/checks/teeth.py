@@ -20,6 +20,13 @@ TEETH_ADVICE = (
     "random state (the sampled noise, timesteps, augmentation), or pass rng_mutation=False if "
     "the training really uses no randomness"
 )
+TOPOLOGY_ADVICE = (
+    "on another topology only values that are the same on every rank are compared, so record "
+    "some that depend on random state and the training (the loss after an all-reduce) and "
+    "watch(model=..., optimizer=...) under data parallelism (its replicated parameters and "
+    "optimizer state are compared too); turning the check off would not make the comparison "
+    "see more"
+)
 LABEL = "teeth check"
 
 
@@ -109,6 +116,8 @@ class Teeth(Check):
             verdict = Verdict(self.kind, status, LABEL, self.split, why, comparison=check)
             verdict.launch = launch.name
             verdict.runs = {"teeth": launch.spec.run_dir}
+            if self.other is not None:
+                verdict.runs["topology"] = self.other.spec.run_dir
             self.reach(judge, verdict)
 
     def on_verdict(self, verdict: Verdict, judge: Judging) -> None:
@@ -137,7 +146,8 @@ class Teeth(Check):
             f"{check.split + 1} of a resumed run (launch {verdict.launch}), and the recorded "
             f"values at steps {check.split + 2}-{check.steps} still matched the uninterrupted "
             f"run on all {check.world_size} ranks, so the signature does not depend on random "
-            f"state and this test cannot catch RNG resume bugs; {TEETH_ADVICE}.",
+            f"state and this test cannot catch RNG resume bugs; "
+            f"{TOPOLOGY_ADVICE if verdict.runs.get('topology') else TEETH_ADVICE}.",
             f"run directories ({kept}): {os.path.dirname(verdict.runs.get('teeth', ''))}",
         ]
 

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Optional
 
 from ..comparators import NOISE_FACTOR, Measured, Rules, Run
-from ..diagnose import Diagnosis
+from ..diagnose import Diagnosis, diagnose
 from ..gate import GateFacts
 from ..noise import NoiseFacts, rounding_level, scaled_to, split_value
 from ..rank.layout import is_audit_key
@@ -44,6 +44,27 @@ def fresh_process(verdict: Verdict) -> Optional[Diagnosis]:
         "(cudnn.benchmark, Triton/Inductor autotuning, another reduction order), not a restore "
         "bug",
         FRESH_PROCESS,
+    )
+
+
+def on_cpu(run: Run) -> bool:
+    return all(sig.header.get("device") == "cpu" for sig in run.values())
+
+
+def _repeated_exactly(verdict: Verdict, reference: Run, run: Run, noise: NoiseFacts) -> Verdict:
+    """Two resumed processes agree bit for bit and differ from the uninterrupted run, on the
+    CPU, where a fresh process picks no other kernel: the difference is the resume's (state the
+    audit does not see: gradient buffers, a micro-step counter), so the ordinary diagnosis
+    speaks."""
+    cmp = verdict.comparison
+    assert cmp is not None
+    diagnosis = diagnose(cmp, reference, run)
+    diagnosis.notes.append(
+        "a second resumed process from the same checkpoint repeats this run bit for bit, on the "
+        "CPU, where a fresh process picks no other kernel: not noise"
+    )
+    return dataclasses.replace(
+        verdict, diagnosis=diagnosis, facts=[*verdict.facts, noise], why="repeated exactly"
     )
 
 
@@ -117,6 +138,8 @@ def rejudge(verdict: Verdict, noise: NoiseFacts, reference: Run, run: Run, rules
     if noise.unjudgeable:
         return verdict
     split = verdict.split or 0
+    if noise.source == "resumed" and not noise.noisy and on_cpu(run):
+        return _repeated_exactly(verdict, reference, run, noise)
     if noise.source == "resumed":
         noise = scaled_to(noise, reference, run)
     why = _why_abstain(noise, _user_numbers(reference, split), rules, verdict)

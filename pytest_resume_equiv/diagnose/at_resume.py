@@ -16,14 +16,8 @@ from typing import Optional
 from ..rank.layout import watched, watched_part
 from ..rank.restore import is_seed
 from .causes import OBJECT_RULES, STREAM_RULES, stream_words
-from .evidence import Diagnosis, Evidence
+from .evidence import Diagnosis, Evidence, touches
 from .subject import equal_to_step, names, point_differences, point_value, subjects
-
-
-def touches(event: dict, path: str) -> bool:
-    """Whether a file event wrote (or renamed, or deleted) something at or under `path`."""
-    inside = [event.get("path") or "", event.get("to") or ""]
-    return any(p == path or p.startswith(path.rstrip(os.sep) + os.sep) for p in inside if p)
 
 
 def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:

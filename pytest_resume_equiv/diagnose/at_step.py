@@ -146,6 +146,9 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
     """The data: which samples, and what they contain."""
     for rank, keys in ev.differing.items():
         user = [k for k in keys if not is_audit_key(k)]
+        prefetched = _prefetched(ev, rank, [k for k in user if is_id_key(k) or is_content_key(k)])
+        if prefetched is not None:
+            return prefetched
         differing_ids = [k for k in user if is_id_key(k)]
         if differing_ids:
             again = _skipped_again(ev, rank, differing_ids[0])
@@ -165,6 +168,33 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
                 f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
                 "(derived from a main-process RNG when the iterator is made) were not restored",
                 "dataloader workers",
+            )
+    return None
+
+
+def _prefetched(ev: Evidence, rank: int, inputs: list[str]) -> Optional[Diagnosis]:
+    """The first resumed step consumed the batch of the step after it, while every RNG stream
+    matched: one batch was lost at the resume. Two look-alikes make it, and the signatures
+    cannot tell them apart, so both are named: a skip count one too high, or a batch drawn
+    before the checkpoint was written (a prefetch at the end of the step before) and not in
+    it, so the resumed run draws the next one in its place."""
+    if ev.step != ev.split + 1:
+        return None
+    following = ev.base[rank].get(ev.step + 1, {})
+    for key in inputs:
+        ours = ev.res[rank][ev.step].get(key)
+        if ours is not None and ours == following.get(key):
+            what = "sample ids" if is_id_key(key) else "sample content"
+            return Diagnosis(
+                f"{ev.where(rank)}: {what} differ ({key}) while every audited RNG stream "
+                f"matches: the first resumed step consumed the batch the uninterrupted run "
+                f"consumed at step {ev.step + 1}, so one batch was lost at the resume: the "
+                "number of batches skipped after resuming is one too many, or the batch for "
+                f"step {ev.step} was drawn before the checkpoint was written (prefetched at the "
+                "end of the step before) and is not in it. Fix: skip exactly the batches "
+                "consumed, and save a prefetched batch (or its indices) with the checkpoint, or "
+                "fetch each batch at the top of its own step",
+                "data order",
             )
     return None
 

@@ -15,6 +15,7 @@ from ..rank.layout import (
     watch_key,
     watched_part,
 )
+from ..rank.trace import FORWARD
 from ..values import readable
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
 from .subject import Subject, equal_to_step, point_value
@@ -74,9 +75,17 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
 
 
 def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
+    """Draws after the restore and before the first resumed step that the uninterrupted run
+    does not make after its save: either code it never runs there, or code it ran before it
+    wrote the checkpoint (an eval at the top of the iteration that saves), which the resumed
+    run repeats on a state that already holds that code's draws."""
     if not s.restores:
         return None
-    extra = _draws_on(s.res, s.name, s.last_restore) - _draws_on(s.base, s.name)
+    saved_at = s.ev.saved_at(s.rank)
+    base_point = _to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
+    base = _draws_on(base_point, s.name)
+    after_save = _draws_on(base_point, s.name, since_ns=saved_at) if saved_at else base
+    extra = _draws_on(s.res, s.name, s.last_restore) - after_save
     if not extra:
         return None
     total = sum(extra.values())
@@ -85,22 +94,54 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
         for (op, at), n in list(extra.items())[:3]
     )
     restore = s.restores[-1]
+    before_save = base - after_save
+    if saved_at and extra == before_save:
+        return Diagnosis(
+            f"{s.where()}: the resumed run repeats code the uninterrupted run ran before it "
+            f"wrote the checkpoint: {stream_words(s.name)} was restored ({restore['call']} at "
+            f"{restore['at']}) and then drawn from {total} time{'s' * (total > 1)} ({ops}), the "
+            "same draws the uninterrupted run made before its save, so the saved state already "
+            "holds them and the resumed run makes them a second time (an eval or a batch "
+            "sampled at the top of the iteration that saves). Fix: do not run that code again "
+            "at the resume iteration (or save the checkpoint before it runs), or give that code "
+            "a generator of its own",
+            "repeated before the resume",
+        )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was restored ({restore['call']} at "
         f"{restore['at']}) and then advanced by {total} draw{'s' * (total > 1)} before the first "
-        f"resumed step that the uninterrupted run does not make there: {ops}. Fix: restore the "
-        "stream after that code runs, or give that code a generator of its own",
+        f"resumed step that the uninterrupted run does not make there: {ops}. Fix: the first "
+        "resumed step must start from the state the uninterrupted run has there: if that code "
+        "fetches the first batch, the batch prefetched before the save is not in the "
+        "checkpoint (save it with the checkpoint, or fetch each batch at the top of its own "
+        "step); otherwise restore the stream after that code runs, or give that code a "
+        "generator of its own",
         "restored then advanced",
     )
 
 
-def _draws_on(point: Optional[dict], stream: str, after: int = -1) -> Counter:
-    """(op, line) -> how many draws on `stream` the window holds after log entry `after`."""
+def _to_forward(point: Optional[dict]) -> Optional[dict]:
+    """The uninterrupted run's window up to its first forward: what a resumed run whose
+    trace ended at its first forward (before its `resume_point()` call) is compared with."""
+    if point is None:
+        return None
+    draws = point.get("draws", [])
+    cut = next((i for i, d in enumerate(draws) if d.get("op") == FORWARD), len(draws))
+    return {**point, "draws": draws[:cut]}
+
+
+def _draws_on(
+    point: Optional[dict], stream: str, after: int = -1, since_ns: Optional[int] = None
+) -> Counter:
+    """(op, line) -> how many draws on `stream` the window holds after log entry `after`
+    (and after `since_ns`, when given)."""
     draws = (point or {}).get("draws", [])
     return Counter(
         (d["op"], d["at"])
         for d in draws
-        if d.get("stream") == stream and d.get("after_restores", 0) > after
+        if d.get("stream") == stream
+        and d.get("after_restores", 0) > after
+        and (since_ns is None or d.get("time_ns", 0) > since_ns)
     )
 
 

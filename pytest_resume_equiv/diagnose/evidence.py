@@ -5,6 +5,7 @@ rules share."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -71,6 +72,28 @@ class Evidence:
         """The resumed run's restore log on `rank`."""
         sig = self.res_sigs.get(rank)
         return sig.restores if sig else []
+
+    def saved_at(self, rank: int) -> Optional[int]:
+        """When the uninterrupted run's `rank` last wrote to the checkpoint the resumed run
+        loaded, by the split (its file events; None when it logged none there)."""
+        _, res = self.points(rank)
+        path = ((res or {}).get("checkpoint") or {}).get("path")
+        sig = self.base_sigs.get(rank)
+        if not path or sig is None:
+            return None
+        path = os.path.realpath(path)
+        times = [
+            e.get("time_ns", 0)
+            for e in sig.files
+            if touches(e, path) and (e.get("after_step") or 0) <= self.split
+        ]
+        return max(times, default=None)
+
+
+def touches(event: dict, path: str) -> bool:
+    """Whether a file event wrote (or renamed, or deleted) something at or under `path`."""
+    inside = [event.get("path") or "", event.get("to") or ""]
+    return any(p == path or p.startswith(path.rstrip(os.sep) + os.sep) for p in inside if p)
 
 
 def norm_gap(a: Any, b: Any) -> Optional[float]:

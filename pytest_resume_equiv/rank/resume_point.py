@@ -34,6 +34,9 @@ class ResumePoint:
         """The snapshot taken at the first forward while one was due: written at the next
         record, unless `resume_point()` comes first (a rank that evaluates before its training
         step calls it: both runs must snapshot at that call, not at the eval's forward)."""
+        self.forward_marked = False
+        """The window's first forward is marked in its trace (a trainer that calls
+        `resume_point()` itself: its trace goes on to that call)."""
         self.hook: Any = None
 
     def install(self, resuming_after: Optional[int], on_forward: Callable[[Any], None]) -> None:
@@ -45,8 +48,13 @@ class ResumePoint:
         if torch is not None and self.hook is None:
 
             def hook(module: Any, args: Any) -> None:
-                if self.armed is not None and not self.explicit and self.pending is None:
+                if self.armed is None:
+                    return
+                if not self.explicit and self.pending is None:
                     on_forward(module)
+                elif self.explicit and self.window.active and not self.forward_marked:
+                    self.forward_marked = True
+                    self.window.mark_forward()
 
             self.hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
@@ -70,6 +78,7 @@ class ResumePoint:
             self.armed = None
         if not resuming and step in splits:
             self.armed = step
+            self.forward_marked = False
             self.window.start()
 
     def take(self) -> tuple[int, list[dict[str, Any]]]:

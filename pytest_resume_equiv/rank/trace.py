@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from typing import Any, Callable, Optional
 
 from .layout import device_stream, generator_stream, stream_key
@@ -89,6 +90,10 @@ def called_from_torch(depth: int) -> bool:
     return os.path.abspath(sys._getframe(depth).f_code.co_filename).startswith(folder)
 
 
+FORWARD = "forward"
+"""The op of the mark `mark_forward` leaves in a trace."""
+
+
 class DrawTrace:
     """The random draws of one window, between `start()` and `stop()`.
 
@@ -125,6 +130,12 @@ class DrawTrace:
                 self._mode = None
         return self.draws
 
+    def mark_forward(self) -> None:
+        """Where the first module forward of the window came (a draw of no stream): a
+        resumed run whose trace ended at a forward is compared with the draws up to the same
+        point."""
+        self.add(FORWARD, "")
+
     def add(self, op: str, stream: str, shape: Optional[list[int]] = None) -> None:
         """One draw, with how many restores the run had logged before it."""
         if len(self.draws) < MAX_DRAWS:
@@ -135,6 +146,7 @@ class DrawTrace:
                     "shape": shape,
                     "at": user_frame(3),
                     "after_restores": self.restores(),
+                    "time_ns": time.time_ns(),
                 }
             )
 
