@@ -151,3 +151,24 @@ def format_summary_table(records: list[TestRecord]) -> list[str]:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_golden_summary(records: list[TestRecord], unused: list[str], removed: bool) -> list[str]:
+    """What the session did with the golden store: the goldens it wrote, the tests that ran
+    from a stored checkpoint only, the goldens no collected test uses."""
+    lines = []
+    for r in sorted(records, key=lambda r: r.test):
+        for verdict in (v for run in r.runs for v in run.verdicts):
+            if verdict.check == "golden" and verdict.why.startswith("update run"):
+                lines.append(f"{r.test}: {verdict.why[len('update run: ') :]}")
+            if verdict.check == "compat" and verdict.why.startswith("golden-only"):
+                lines.append(f"{r.test}: {verdict.label} only ({verdict.status})")
+    if unused:
+        how = (
+            "removed (--resume-equiv-update-golden)"
+            if removed
+            else "not removed; an update run (--resume-equiv-update-golden) removes them"
+        )
+        lines.append(f"unused goldens ({len(unused)}, no collected test uses them), {how}:")
+        lines += [f"  {test}" for test in unused]
+    return lines

@@ -17,10 +17,12 @@ def settings_for(options=None, **marker):
     return resolve_test(session, (), {"steps": 6, "split": 3, **marker})
 
 
-def plan_for(root, command, shared_root=None, device=CPU, request=None, options=None, **marker):
+def plan_for(
+    root, command, shared_root=None, device=CPU, request=None, options=None, golden=None, **marker
+):
     settings = settings_for(options, **marker)
     request = request or RunRequest(command, seed=7)
-    return settings, build_plan(settings, request, device, str(root), shared_root)
+    return settings, build_plan(settings, request, device, str(root), shared_root, golden)
 
 
 def write_run(

@@ -8,6 +8,7 @@ Pure: no pytest, no torch at import; `checks/golden.py` and `checks/compat.py` u
 from .environment import Environment, current
 from .meta import GOLDEN_FORMAT, GOLDEN_VERSION, GoldenError, GoldenMeta, git_commit, now
 from .store import Golden, GoldenStore, folder_name, size_words
+from .target import GoldenTarget
 
 __all__ = [
     "GOLDEN_FORMAT",
@@ -17,6 +18,7 @@ __all__ = [
     "GoldenError",
     "GoldenMeta",
     "GoldenStore",
+    "GoldenTarget",
     "current",
     "git_commit",
     "now",

@@ -1,0 +1,175 @@
+"""The golden trajectory check with a fake judge and signatures written by hand: an update run
+writes the golden, a normal run compares the uninterrupted run with it, a missing or newer
+golden is a clear failure, and without a store nothing changes."""
+
+import json
+import os
+
+import pytest
+from plan_helpers import plan_for, write_run
+
+from pytest_resume_equiv.errors import ResumeEquivError
+from pytest_resume_equiv.golden import Environment, GoldenStore, GoldenTarget
+from pytest_resume_equiv.judge import Judge
+from pytest_resume_equiv.launch import LaunchResult
+from pytest_resume_equiv.outcomes import RankOutcome
+from pytest_resume_equiv.records import RunRecord, TestRecord
+from pytest_resume_equiv.report import format_golden_summary, format_outcome
+
+ENV = Environment("cpu", 0, 1, "2.13.0")
+TEST = "tests/test_t.py::test_resumes"
+
+
+def train(ctx):
+    """A module-level function, as function mode needs."""
+
+
+class Recorder:
+    def __init__(self):
+        self.added, self.cancelled = [], []
+
+    def add(self, planned):
+        self.added.append(planned.name)
+
+    def cancel(self, planned):
+        self.cancelled.append(planned.name)
+
+
+class FakeJob:
+    def __init__(self, planned):
+        self.planned = planned
+
+
+def target(tmp_path, update=False, env=ENV, session="s"):
+    return GoldenTarget(GoldenStore(str(tmp_path / "goldens")), TEST, env, update, session=session)
+
+
+def judge_for(tmp_path, golden, **marker):
+    settings, plan = plan_for(
+        tmp_path / "runs", train, golden=golden, **{"nproc": 1, "rng_mutation": False, **marker}
+    )
+    judge = Judge(plan, settings, Recorder())
+    return judge, plan
+
+
+def done(judge, planned):
+    ranks = [RankOutcome(0, "ok", "")]
+    judge.on_done(FakeJob(planned), LaunchResult(planned.spec, [0], False, 0.0, ranks, "rerun"))
+
+
+def run_uninterrupted(judge, plan, loss=None):
+    full = plan.by_role("uninterrupted")[0]
+    write_run(full.spec.run_dir, range(1, 7), loss=loss)
+    for planned in plan.launches:
+        if planned.checkpoint:
+            os.makedirs(planned.checkpoint, exist_ok=True)
+            with open(os.path.join(planned.checkpoint, "state.bin"), "wb") as f:
+                f.write(b"x" * 10)
+    done(judge, full)
+    return full
+
+
+def golden_verdict(judge):
+    return next(v for v in judge.conclude().checks if v.check == "golden")
+
+
+def write_golden(tmp_path, loss=None, **marker):
+    judge, plan = judge_for(tmp_path / "update", target(tmp_path, update=True), **marker)
+    run_uninterrupted(judge, plan, loss)
+    return golden_verdict(judge)
+
+
+def test_without_a_store_the_plan_is_what_it_was(tmp_path):
+    _, plain = plan_for(tmp_path, train, nproc=1)
+    _, with_store = plan_for(tmp_path, train, nproc=1, golden=target(tmp_path, update=True))
+    assert [p.name for p in plain.launches] == [p.name for p in with_store.launches]
+    assert not any(c.kind == "golden" for c in plain.checks)
+    assert not (tmp_path / "goldens").exists()
+
+
+def test_an_update_run_writes_the_golden_and_says_where(tmp_path):
+    verdict = write_golden(tmp_path)
+    path = tmp_path / "goldens" / "tests_test_t.py__test_resumes" / ENV.key
+    assert verdict.status == "skipped"
+    assert verdict.why == f"update run: wrote the golden {ENV.key} to {path}"
+    assert sorted(os.listdir(path / "signatures")) == ["rank-0.jsonl"]
+    run = RunRecord([], verdicts=[verdict])
+    record = TestRecord(TEST, "passed", "passed", 6, [3], 1, "cpu", 0.0, [run])
+    record = TestRecord.from_json(json.loads(json.dumps(record.to_json())))  # from a worker
+    assert format_golden_summary([record], [], False) == [
+        f"{TEST}: wrote the golden {ENV.key} to {path}"
+    ]
+
+
+def test_golden_checkpoint_stores_the_checkpoint_of_every_split_with_its_size(tmp_path):
+    verdict = write_golden(tmp_path, golden_checkpoint=True, split=[2, 4])
+    assert verdict.why.endswith("(checkpoints split 2: 10 bytes, split 4: 10 bytes)")
+    golden = GoldenStore(str(tmp_path / "goldens")).load(TEST, ENV.key)
+    assert sorted(golden.meta.checkpoints) == [2, 4]
+    assert os.listdir(golden.checkpoint(2)) == ["state.bin"]
+
+
+def test_the_same_trajectory_passes(tmp_path):
+    write_golden(tmp_path)
+    judge, plan = judge_for(tmp_path, target(tmp_path))
+    run_uninterrupted(judge, plan)
+    verdict = golden_verdict(judge)
+    assert verdict.status == "passed", verdict.why
+    assert verdict.comparison.compared_steps == 6
+    assert verdict.why.startswith("golden written 20") and ENV.key in verdict.why
+
+
+def test_a_change_that_moves_the_training_fails_with_the_goldens_first_difference(tmp_path):
+    write_golden(tmp_path)
+    judge, plan = judge_for(tmp_path, target(tmp_path))
+    run_uninterrupted(judge, plan, loss=lambda step, rank: step / 2 if step < 2 else step / 3)
+    verdict = golden_verdict(judge)
+    assert verdict.failed
+    assert verdict.first_difference() == "step 2, rank 0, 'loss'"
+    outcome = judge.conclude()
+    assert not outcome.equal
+    text = format_outcome(outcome, "kept")
+    assert "golden trajectory: the uninterrupted run differs from the golden written" in text
+    assert "golden trajectory: first divergence at step 2, rank 0, key 'loss'" in text
+    assert "  [- golden]        1.0" in text
+    assert "  [+ uninterrupted] 0.6666666666666666" in text
+    assert "--resume-equiv-update-golden" in text
+
+
+def test_the_tests_tolerance_applies_to_the_golden_too(tmp_path):
+    write_golden(tmp_path)
+    judge, plan = judge_for(tmp_path, target(tmp_path), tolerance=(1e-3, 0.0))
+    run_uninterrupted(judge, plan, loss=lambda step, rank: step / 2 * (1 + 1e-6))
+    assert golden_verdict(judge).status == "passed"
+
+
+def test_no_golden_for_this_environment_names_the_ones_there_are(tmp_path):
+    write_golden(tmp_path)
+    other = Environment("cpu", 0, 1, "2.14.0")
+    judge, plan = judge_for(tmp_path, target(tmp_path, env=other))
+    run_uninterrupted(judge, plan)
+    verdict = golden_verdict(judge)
+    assert verdict.failed
+    assert verdict.why == (
+        f"no golden for {other.key} (have: {ENV.key}); run with --resume-equiv-update-golden"
+    )
+    assert verdict.why in format_outcome(judge.conclude(), "kept")
+
+
+def test_a_newer_golden_fails_the_test_before_any_launch(tmp_path):
+    write_golden(tmp_path)
+    path = tmp_path / "goldens" / "tests_test_t.py__test_resumes" / ENV.key / "golden.json"
+    data = json.loads(path.read_text())
+    data["version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResumeEquivError, match="golden format version 99 is newer than this"):
+        judge_for(tmp_path, target(tmp_path))
+
+
+def test_unused_goldens_are_listed_and_whether_they_were_removed():
+    assert format_golden_summary([], ["tests/a.py::gone"], False) == [
+        "unused goldens (1, no collected test uses them), not removed; an update run "
+        "(--resume-equiv-update-golden) removes them:",
+        "  tests/a.py::gone",
+    ]
+    assert "removed (--resume-equiv-update-golden)" in format_golden_summary([], ["x"], True)[0]
