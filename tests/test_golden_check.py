@@ -173,3 +173,86 @@ def test_unused_goldens_are_listed_and_whether_they_were_removed():
         "  tests/a.py::gone",
     ]
     assert "removed (--resume-equiv-update-golden)" in format_golden_summary([], ["x"], True)[0]
+
+
+def finish(judge, planned, steps, loss=None):
+    write_run(planned.spec.run_dir, steps, loss=loss)
+    done(judge, planned)
+
+
+def compat_verdicts(judge):
+    return [v for v in judge.conclude().checks if v.check == "compat"]
+
+
+def test_a_golden_checkpoint_is_resumed_by_the_current_code_in_a_launch_of_its_own(tmp_path):
+    write_golden(tmp_path, golden_checkpoint=True)
+    judge, plan = judge_for(tmp_path, target(tmp_path), golden_checkpoint=True)
+    assert [p.name for p in plan.started] == [
+        "uninterrupted",
+        "resumed-split3",
+        "golden-resumed-split3",
+    ]
+    (compat,) = plan.by_role("compat")
+    assert compat.needs == () and compat.checkpoint.startswith(str(tmp_path / "runs"))
+    assert os.listdir(compat.checkpoint) == ["state.bin"]  # copied, not read
+    run_uninterrupted(judge, plan)
+    finish(judge, compat, range(4, 7))
+    (verdict,) = compat_verdicts(judge)
+    assert verdict.status == "passed" and not verdict.primary
+    assert verdict.why.startswith("the checkpoint was written 20")
+
+
+def test_a_golden_checkpoint_that_loads_differently_fails_naming_the_code_that_wrote_it(tmp_path):
+    write_golden(tmp_path, golden_checkpoint=True)
+    judge, plan = judge_for(tmp_path, target(tmp_path), golden_checkpoint=True)
+    run_uninterrupted(judge, plan)
+    (resumed,) = plan.by_role("resumed")
+    finish(judge, resumed, range(4, 7))
+    (compat,) = plan.by_role("compat")
+    finish(judge, compat, range(4, 7), loss=lambda step, rank: step)
+    (verdict,) = compat_verdicts(judge)
+    assert verdict.failed and verdict.first_difference() == "step 4, rank 0, 'loss'"
+    text = format_outcome(judge.conclude(), "kept")
+    assert text.startswith(
+        "checkpoint compatibility, split 3: the current code resumed from the golden's "
+        "checkpoint (the checkpoint was written 20"
+    )
+    assert f"on {ENV.key}" in text
+    assert "  [- golden]        2.0" in text and "  [+ resumed]       4" in text
+
+
+def test_a_golden_without_the_checkpoint_of_a_split_says_so(tmp_path):
+    write_golden(tmp_path)
+    judge, plan = judge_for(tmp_path, target(tmp_path), golden_checkpoint=True)
+    assert not plan.by_role("compat")
+    run_uninterrupted(judge, plan)
+    (verdict,) = compat_verdicts(judge)
+    assert verdict.failed and verdict.why == (
+        "the golden holds no checkpoint at split 3 (it has: none); run with "
+        "--resume-equiv-update-golden"
+    )
+
+
+def test_golden_only_runs_one_launch_per_split_and_the_summary_says_so(tmp_path):
+    write_golden(tmp_path, golden_checkpoint=True, split=[2, 4])
+    only = GoldenTarget(GoldenStore(str(tmp_path / "goldens")), TEST, ENV, only=True)
+    judge, plan = judge_for(tmp_path, only, golden_checkpoint=True, split=[2, 4])
+    assert [p.name for p in plan.launches] == ["golden-resumed-split2", "golden-resumed-split4"]
+    for launch in plan.launches:
+        finish(judge, launch, range(launch.split + 1, 7))
+    outcome = judge.conclude()
+    assert outcome.equal and [v.check for v in outcome.verdicts] == ["compat", "compat"]
+    run = RunRecord([], verdicts=outcome.checks)
+    record = TestRecord(TEST, "passed", "passed", 6, [2, 4], 1, "cpu", 0.0, [run])
+    assert format_golden_summary([record], [], False) == [
+        f"{TEST}: checkpoint compatibility, split 2 only (passed)",
+        f"{TEST}: checkpoint compatibility, split 4 only (passed)",
+    ]
+
+
+def test_golden_only_runs_the_whole_test_when_the_golden_has_no_checkpoint(tmp_path):
+    write_golden(tmp_path)
+    only = GoldenTarget(GoldenStore(str(tmp_path / "goldens")), TEST, ENV, only=True)
+    _, plan = judge_for(tmp_path, only)
+    assert [p.name for p in plan.started] == ["uninterrupted", "resumed-split3"]
+    assert any(c.kind == "golden" for c in plan.checks)

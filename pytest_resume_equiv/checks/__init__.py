@@ -16,6 +16,7 @@ from ..plan import PlannedLaunch, Planner, RunRequest
 from ..settings import TestSettings
 from .base import Check, Judging, Verdict
 from .chain import ChainLink
+from .compat import Compat, golden_only
 from .control import Control
 from .direct import Direct
 from .golden import GoldenTrajectory
@@ -33,6 +34,7 @@ CHECKS: tuple[type[Check], ...] = (
     Control,
     Repeat,
     GoldenTrajectory,
+    Compat,
 )
 
 __all__ = ["CHECKS", "Check", "Judging", "Plan", "Verdict", "build_plan", "kind_of"]
@@ -77,6 +79,7 @@ def build_plan(
     test's golden, with a store)."""
     planner = Planner(settings, request, device, root, shared_root, golden)
     checks: list[Check] = []
-    for kind in CHECKS:
+    kinds = (Compat,) if golden_only(planner) else CHECKS  # the stored checkpoints alone
+    for kind in kinds:
         checks += kind.plan(planner)
     return Plan(planner.ordered(), checks, planner.warnings)

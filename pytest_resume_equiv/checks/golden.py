@@ -60,8 +60,8 @@ class GoldenTrajectory(Check):
     @classmethod
     def plan(cls, planner: Planner) -> list[Check]:
         target = planner.golden
-        if target is None or (target.only and not target.update):
-            return []  # golden-only: the compatibility check judges against the golden
+        if target is None:
+            return []
         full = uninterrupted_of(planner, planner.marker.splits[0])
         check = cls(target, full, None if target.update else target.load())
         if target.update and planner.marker.golden_checkpoint:
@@ -168,6 +168,11 @@ class GoldenTrajectory(Check):
             f"  uninterrupted: {verdict.runs.get('uninterrupted', '')} ({kept})",
             f"  if the change is intended, rewrite the golden and commit it:\n    {verdict.rerun}",
         ]
+
+    @classmethod
+    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+        """Beside a failed resume, this failure opens the report (it is not a resume's)."""
+        return cls.block(verdict, outcome, "kept") if verdict.failed else []
 
     @classmethod
     def words(cls, verdict: Verdict) -> str:
