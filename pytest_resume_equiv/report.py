@@ -31,12 +31,11 @@ def format_outcome(outcome: Outcome, kept: str) -> str:
     if outcome.ignored:
         lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
     first = resumes[0]
-    lines += [
-        f"run directories ({kept}):",
-        f"  uninterrupted: {first.runs.get('uninterrupted', '')}",
-        f"  resumed:       {first.runs.get('resumed', '')}",
-        f"rerun the resumed launch by hand:\n  {first.rerun}",
-    ]
+    lines.append(f"run directories ({kept}):")
+    for role in ("uninterrupted", "resumed"):  # a golden-only run has no uninterrupted one
+        if first.runs.get(role):
+            lines.append(f"  {role + ':':<14} {first.runs[role]}")
+    lines.append(f"rerun the resumed launch by hand:\n  {first.rerun}")
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ def stage(planner: Planner, golden: Golden, split: int, name: str) -> PlannedLau
     assert stored is not None
     source_dir = os.path.join(planner.root, f"{name}-source")
     source = planner.saving(f"{name}-source", "golden", [split], source_dir, planner.marker.steps)
-    launch = planner.resuming(name, "compat", split, source, source)
+    launch = planner.resuming(name, "compat", split, source, source, phase="resumed")
     launch.reference = launch.source = None  # the golden: nothing to wait for
     os.makedirs(os.path.dirname(os.path.abspath(launch.checkpoint or source_dir)), exist_ok=True)
     if os.path.isdir(stored):
@@ -143,7 +143,11 @@ class Compat(Check):
     @classmethod
     def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
         """Beside a failed resume, this failure opens the report (it is not a resume's)."""
-        return cls.block(verdict, outcome, "kept") if verdict.failed else []
+        if not verdict.failed:
+            return []
+        if verdict.primary:  # golden-only: no uninterrupted run to be equivalent to
+            return ["resumed from the golden's checkpoint, the run is not the golden trajectory"]
+        return cls.block(verdict, outcome, "kept")
 
     @classmethod
     def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
@@ -157,11 +161,12 @@ class Compat(Check):
         ]
         for line in ResumeLike.block(verdict, outcome, kept):
             lines.append(line.replace("[- uninterrupted]", "[- golden]       "))
-        lines += [
-            f"  golden: {verdict.runs.get('golden', '')}",
-            f"  resumed: {verdict.runs.get('resumed', '')} ({kept})",
-            f"  rerun the resumed launch by hand:\n    {verdict.rerun}",
-        ]
+        lines.append(f"  golden: {verdict.runs.get('golden', '')}")
+        if not verdict.primary:  # a resume's report names its runs and the rerun line itself
+            lines += [
+                f"  resumed: {verdict.runs.get('resumed', '')} ({kept})",
+                f"  rerun the resumed launch by hand:\n    {verdict.rerun}",
+            ]
         return lines
 
     @classmethod
