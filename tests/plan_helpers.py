@@ -53,7 +53,7 @@ def write_run(
     for rank in range(world_size):
         path = signature_path(str(run_dir), rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        head = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "phase": "x"}
+        head = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "phase": "x", "pid": 1}
         lines = [{**head, "rank": rank, "world_size": world_size}]
         for split in points:
             lines.append({"resume_point": {"split": split, "at": "t.py:1", **point(split, rank)}})

@@ -84,6 +84,8 @@ def test_a_written_golden_reads_back_as_the_run_it_was_written_from(tmp_path):
     assert loaded.meta.written == "2026-01-01T00:00:00+00:00"
     assert read_run(loaded.path, 1)[0].steps == read_run(source, 1)[0].steps
     assert store.load(TEST, "cuda1-ws1-torch2.5.1-sig2") is None
+    header = read_run(loaded.path, 1)[0].header
+    assert "pid" not in header and header["rank"] == 0  # what changes every run is left out
 
 
 def test_no_golden_says_which_keys_there_are_and_how_to_make_one(tmp_path):

@@ -15,6 +15,7 @@ Only JSON is read here; stored checkpoints are copied, never opened.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -184,7 +185,7 @@ def _fill(temp: str, run_dir: str, world_size: int, checkpoints: dict[int, str])
             raise GoldenError(f"{source}: missing, so no golden can be written from {run_dir}")
         dest = signature_path(temp, rank)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.copyfile(source, dest)
+        _copy_signature(source, dest)
     stored: dict[int, str] = {}
     for split, source in sorted(checkpoints.items()):
         rel = os.path.join("checkpoints", f"split-{split}")
@@ -196,6 +197,25 @@ def _fill(temp: str, run_dir: str, world_size: int, checkpoints: dict[int, str])
             shutil.copyfile(source, dest)
         stored[split] = rel
     return stored
+
+
+VOLATILE = ("pid", "node")
+"""Header fields that change from run to run without the numbers changing: left out of a
+golden, so an update that changes nothing shows no diff."""
+
+
+def _copy_signature(source: str, dest: str) -> None:
+    with open(source, encoding="utf-8") as f:
+        header, rest = f.readline(), f.read()
+    try:
+        fields = json.loads(header)
+    except ValueError:
+        raise GoldenError(f"{source}: line 1 is not JSON, so no golden is written") from None
+    if isinstance(fields, dict):
+        kept = {k: v for k, v in fields.items() if k not in VOLATILE}
+        header = json.dumps(kept, sort_keys=True, separators=(",", ":")) + "\n"
+    with open(dest, "w", encoding="utf-8") as f:
+        f.write(header + rest)
 
 
 def _replace(temp: str, target: str) -> None:
