@@ -161,7 +161,7 @@ def format_golden_summary(records: list[TestRecord], unused: list[str], removed:
             if verdict.check == "golden" and verdict.why.startswith("update run"):
                 lines.append(f"{r.test}: {verdict.why[len('update run: ') :]}")
             if verdict.check == "compat" and verdict.why.startswith("golden-only"):
-                lines.append(f"{r.test}: {verdict.label} only ({verdict.status})")
+                lines.append(f"{r.test}: golden-only: {verdict.label} {verdict.status}")
     if unused:
         how = (
             "removed (--resume-equiv-update-golden)"

@@ -106,7 +106,7 @@ def test_golden_example(pytester, monkeypatch):
             "checkpoint)'s at the same point: rank 0: watch:optimizer.state*",
             "  likely cause (optimizer never restored): rank 0: the optimizer 'optimizer' was "
             "never restored*",
-            "*test_versioned_trainer: checkpoint compatibility, split 2 only (failed)",
+            "*test_versioned_trainer: golden-only: checkpoint compatibility, split 2 failed",
         ]
     )
     assert "uninterrupted" not in renamed.stdout.str().split("= FAILURES =")[1].split("===")[0]

@@ -245,8 +245,8 @@ def test_golden_only_runs_one_launch_per_split_and_the_summary_says_so(tmp_path)
     run = RunRecord([], verdicts=outcome.checks)
     record = TestRecord(TEST, "passed", "passed", 6, [2, 4], 1, "cpu", 0.0, [run])
     assert format_golden_summary([record], [], False) == [
-        f"{TEST}: checkpoint compatibility, split 2 only (passed)",
-        f"{TEST}: checkpoint compatibility, split 4 only (passed)",
+        f"{TEST}: golden-only: checkpoint compatibility, split 2 passed",
+        f"{TEST}: golden-only: checkpoint compatibility, split 4 passed",
     ]
 
 
