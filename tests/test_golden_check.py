@@ -9,7 +9,7 @@ import pytest
 from plan_helpers import plan_for, write_run
 
 from pytest_resume_equiv.errors import ResumeEquivError
-from pytest_resume_equiv.golden import Environment, GoldenStore, GoldenTarget
+from pytest_resume_equiv.golden import Environment, GoldenMeta, GoldenStore, GoldenTarget
 from pytest_resume_equiv.judge import Judge
 from pytest_resume_equiv.launch import LaunchResult
 from pytest_resume_equiv.outcomes import RankOutcome
@@ -256,3 +256,39 @@ def test_golden_only_runs_the_whole_test_when_the_golden_has_no_checkpoint(tmp_p
     _, plan = judge_for(tmp_path, only)
     assert [p.name for p in plan.started] == ["uninterrupted", "resumed-split3"]
     assert any(c.kind == "golden" for c in plan.checks)
+
+
+class SessionConfig:
+    """What ResumeEquivSession reads of a pytest config (a controller: no workerinput)."""
+
+    inipath = None
+
+    def __init__(self, cli):
+        self._cli = cli
+
+    def getini(self, name):
+        return None
+
+    def getoption(self, name, default=None):
+        return self._cli.get(name, default)
+
+
+def test_the_controller_lists_unused_goldens_from_what_its_workers_collected(tmp_path):
+    from pytest_resume_equiv.session import WORKER_COLLECTED, ResumeEquivSession
+
+    write_golden(tmp_path)  # TEST's golden
+    store = GoldenStore(str(tmp_path / "goldens"))
+    gone = "tests/test_t.py::test_gone"
+    written_from = tmp_path / "update" / "runs" / "uninterrupted"
+    store.write(GoldenMeta(gone, ENV, 1, 6), str(written_from))
+    cli = {"resume_equiv_golden": str(tmp_path / "goldens")}
+    session = ResumeEquivSession(SessionConfig(cli))
+    session.worker_done({WORKER_COLLECTED: [TEST]})
+    session.worker_done({WORKER_COLLECTED: []})
+    session.finish()
+    assert session.unused == [gone] and store.load(gone, ENV.key) is not None  # listed only
+    updating = ResumeEquivSession(SessionConfig({**cli, "resume_equiv_update_golden": True}))
+    updating.worker_done({WORKER_COLLECTED: [TEST]})
+    updating.finish()
+    assert updating.unused == [gone] and store.load(gone, ENV.key) is None  # removed
+    assert store.load(TEST, ENV.key) is not None
