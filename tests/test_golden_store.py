@@ -181,6 +181,8 @@ def test_a_corrupted_golden_is_a_clear_error(tmp_path, text, problem):
         f.write(text)
     with pytest.raises(GoldenError, match=problem):
         store.load(TEST, CPU.key)
+    store.write(meta(session="update"), run_dir(tmp_path, "again"))  # an update replaces it
+    assert store.load(TEST, CPU.key).meta.session == "update"
 
 
 def test_unused_goldens_are_those_of_tests_gone_from_the_files_that_were_collected(tmp_path):

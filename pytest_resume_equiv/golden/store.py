@@ -128,8 +128,11 @@ class GoldenStore:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, TEST_FILE), "w", encoding="utf-8") as f:
             f.write(meta.test + "\n")
-        with exclusive(target + LOCK):
-            current = self.load(meta.test, key) if os.path.isdir(target) else None
+        with exclusive(os.path.join(folder, f".{key}{LOCK}")):
+            try:
+                current = self.load(meta.test, key)  # puts back one a killed update moved aside
+            except GoldenError:
+                current = None  # unreadable or newer: an update replaces it
             if current is not None and meta.session and current.meta.session == meta.session:
                 return None
             temp = tempfile.mkdtemp(prefix=f".{key}{TEMP}", dir=folder)
