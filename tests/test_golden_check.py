@@ -292,3 +292,19 @@ def test_the_controller_lists_unused_goldens_from_what_its_workers_collected(tmp
     updating.finish()
     assert updating.unused == [gone] and store.load(gone, ENV.key) is None  # removed
     assert store.load(TEST, ENV.key) is not None
+
+
+def test_a_golden_that_differs_asks_for_the_control_and_is_judged_within_its_noise(tmp_path):
+    write_golden(tmp_path)
+    judge, plan = judge_for(tmp_path, target(tmp_path))
+    judge.scheduler.added.clear()
+    run_uninterrupted(judge, plan, loss=lambda step, rank: step / 2 * (1 + 1e-7))
+    assert golden_verdict(judge).failed
+    assert judge.scheduler.added == ["uninterrupted-control"]
+    (resumed,) = plan.by_role("resumed")
+    finish(judge, resumed, range(4, 7), loss=lambda step, rank: step / 2 * (1 + 1e-7))
+    (control,) = plan.by_role("control")
+    finish(judge, control, range(1, 7), loss=lambda step, rank: step / 2 * (1 - 1e-7))
+    verdict = golden_verdict(judge)
+    assert verdict.status == "passed", verdict.why
+    assert "within 4x the measured noise" in verdict.why

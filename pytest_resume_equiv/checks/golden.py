@@ -21,7 +21,7 @@ from ..noise import NoiseFacts
 from ..plan import PlannedLaunch, Planner
 from ..signature import SignatureError, read_run
 from .base import Check, Judging, Verdict
-from .launches import one_group, uninterrupted_of
+from .launches import control_of, one_group, uninterrupted_of
 
 LABEL = "golden trajectory"
 SIDES = ("golden", "uninterrupted")
@@ -53,6 +53,8 @@ class GoldenTrajectory(Check):
     def __init__(self, target: GoldenTarget, full: PlannedLaunch, golden: Optional[Golden]):
         super().__init__([full])
         self.target, self.full, self.golden = target, full, golden
+        self.controls: list[PlannedLaunch] = []
+        """The determinism control of `full`: does training reproduce itself at all?"""
         self.checkpoints: dict[int, str] = {}
         """split -> the checkpoint the uninterrupted run wrote there, to store
         (`golden_checkpoint=True`, update runs)."""
@@ -64,6 +66,9 @@ class GoldenTrajectory(Check):
             return []
         full = uninterrupted_of(planner, planner.marker.splits[0])
         check = cls(target, full, None if target.update else target.load())
+        if planner.settings.noise != "off":  # asked for when the golden differs
+            runs = range(1, planner.settings.noise_runs)
+            check.controls = [control_of(planner, full, k) for k in runs]
         if target.update and planner.marker.golden_checkpoint:
             one_group(planner, GROUPS)
             for split in planner.marker.splits:
@@ -83,6 +88,9 @@ class GoldenTrajectory(Check):
         verdict = self.verdict_of("passed" if cmp.equal else "failed", self.written_by())
         verdict.comparison = cmp
         self.reach(judge, verdict)
+        if verdict.failed:  # the noise of training itself, if it has some, is measured
+            for control in self.controls:
+                judge.start(control)
         for other in judge.verdicts():  # noise measured before the uninterrupted run ended
             self.on_verdict(other, judge)
 
