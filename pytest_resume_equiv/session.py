@@ -40,6 +40,18 @@ def session_temp(config: pytest.Config, factory: pytest.TempPathFactory) -> Path
     return base.parent if is_xdist_worker(config) else base
 
 
+def narrowed_files(config: Any) -> list[str]:
+    """Test files the command line narrowed to some of their tests (`path::test`), relative
+    to the rootdir as node ids are: their other tests were not collected, not removed."""
+    root = str(getattr(config, "rootpath", "") or os.getcwd())
+    args = getattr(config, "args", None) or []
+    return [
+        os.path.relpath(os.path.abspath(arg.split("::")[0]), root).replace(os.sep, "/")
+        for arg in args
+        if "::" in str(arg)
+    ]
+
+
 class ResumeEquivSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -132,7 +144,7 @@ class ResumeEquivSession:
         if root is None or not self.collected:
             return
         store = GoldenStore(root)
-        self.unused = store.unused(self.collected)
+        self.unused = store.unused(self.collected, narrowed_files(self.config))
         if self.settings["update_golden"]:
             for test in self.unused:
                 store.remove(test)

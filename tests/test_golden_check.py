@@ -263,8 +263,10 @@ class SessionConfig:
 
     inipath = None
 
-    def __init__(self, cli):
+    def __init__(self, cli, args=()):
         self._cli = cli
+        self.args = list(args)
+        self.rootpath = "/r"
 
     def getini(self, name):
         return None
@@ -292,6 +294,14 @@ def test_the_controller_lists_unused_goldens_from_what_its_workers_collected(tmp
     updating.finish()
     assert updating.unused == [gone] and store.load(gone, ENV.key) is None  # removed
     assert store.load(TEST, ENV.key) is not None
+    store.write(GoldenMeta(gone, ENV, 1, 6), str(written_from))
+    narrowed = ResumeEquivSession(
+        SessionConfig({**cli, "resume_equiv_update_golden": True}, ["/r/tests/test_t.py::x"])
+    )
+    narrowed.worker_done({WORKER_COLLECTED: [TEST]})
+    narrowed.finish()
+    assert narrowed.unused == []  # a node id narrowed the file: nothing is unused
+    assert store.load(gone, ENV.key) is not None
 
 
 def test_a_golden_that_differs_asks_for_the_control_and_is_judged_within_its_noise(tmp_path):

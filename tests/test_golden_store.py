@@ -191,6 +191,8 @@ def test_unused_goldens_are_those_of_tests_gone_from_the_files_that_were_collect
     for test in ("tests/test_a.py::test_kept", "tests/test_a.py::test_gone", "tests/test_b.py::t"):
         store.write(meta(test=test), source)
     assert store.unused(["tests/test_a.py::test_kept"]) == ["tests/test_a.py::test_gone"]
+    # `pytest tests/test_a.py::test_kept` collects one test of the file: the others stay
+    assert store.unused(["tests/test_a.py::test_kept"], ["tests/test_a.py"]) == []
     store.remove("tests/test_a.py::test_gone")
     assert store.unused(["tests/test_a.py::test_kept"]) == []
 

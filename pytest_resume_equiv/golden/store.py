@@ -167,12 +167,13 @@ class GoldenStore:
                 continue  # not a test's folder (a README, the user's own files)
         return found
 
-    def unused(self, collected: Iterable[str]) -> list[str]:
+    def unused(self, collected: Iterable[str], narrowed: Iterable[str] = ()) -> list[str]:
         """Goldens of tests that were not collected, among the test files that were (a
-        session that collected one file says nothing of the others' goldens): their node
-        ids."""
+        session that collected one file says nothing of the others' goldens) and were not
+        narrowed to some of their tests by node ids on the command line (`narrowed`): their
+        node ids."""
         collected = set(collected)
-        files = {test.split("::")[0] for test in collected}
+        files = {test.split("::")[0] for test in collected} - set(narrowed)
         return [
             test
             for test in self.tests().values()
