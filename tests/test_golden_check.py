@@ -318,3 +318,20 @@ def test_a_golden_that_differs_asks_for_the_control_and_is_judged_within_its_noi
     verdict = golden_verdict(judge)
     assert verdict.status == "passed", verdict.why
     assert "within 4x the measured noise" in verdict.why
+
+
+def test_a_stored_checkpoint_is_copied_only_into_the_tests_own_run_directory(tmp_path):
+    from pytest_resume_equiv.plan import RunRequest
+
+    write_golden(tmp_path, golden_checkpoint=True)
+    outside = str(tmp_path / "users-checkpoints" / "step_{split}")
+    with pytest.raises(ResumeEquivError, match=r"is not under \{run_dir\}"):
+        plan_for(
+            tmp_path / "runs",
+            train,
+            golden=target(tmp_path),
+            request=RunRequest(train, checkpoint=outside),
+            nproc=1,
+            golden_checkpoint=True,
+        )
+    assert not (tmp_path / "users-checkpoints").exists()

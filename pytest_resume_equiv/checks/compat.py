@@ -64,11 +64,18 @@ def stage(planner: Planner, golden: Golden, split: int, name: str) -> PlannedLau
     source = planner.saving(f"{name}-source", "golden", [split], source_dir, planner.marker.steps)
     launch = planner.resuming(name, "compat", split, source, source, phase="resumed")
     launch.reference = launch.source = None  # the golden: nothing to wait for
-    os.makedirs(os.path.dirname(os.path.abspath(launch.checkpoint or source_dir)), exist_ok=True)
+    path = os.path.abspath(launch.checkpoint or "")
+    if os.path.commonpath([path, os.path.abspath(source_dir)]) != os.path.abspath(source_dir):
+        raise ResumeEquivError(
+            f"golden_checkpoint=True copies the stored checkpoint to where checkpoint= puts it, "
+            f"and {planner.checkpoint!r} is not under {{run_dir}} (it fills to {path}): put "
+            "the checkpoint in the run directory, e.g. '{run_dir}/checkpoints/step_{split}'"
+        )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.isdir(stored):
-        shutil.copytree(stored, launch.checkpoint or "", symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(stored, path, symlinks=True, dirs_exist_ok=True)
     else:
-        shutil.copyfile(stored, launch.checkpoint or "")
+        shutil.copyfile(stored, path)
     return planner.once(name, lambda: launch)
 
 
