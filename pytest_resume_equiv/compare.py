@@ -367,10 +367,14 @@ def first_difference(cmp: Comparison) -> str:
     return cmp.problems[0].message if cmp.problems else ""
 
 
-def format_comparison(cmp: Comparison, label: str = "") -> str:
+def format_comparison(
+    cmp: Comparison, label: str = "", sides: tuple[str, str] = ("uninterrupted", "resumed")
+) -> str:
+    """The comparison in words; `sides`: how the reference and the judged run are named."""
     label = label or f"split {cmp.split}"
+    width = max(map(len, sides))
     if cmp.problems:
-        lines = [f"{label}: the resumed run did not record the steps it should have:"]
+        lines = [f"{label}: the {sides[1]} run did not record the steps it should have:"]
         lines += [f"  {p.message}" for p in cmp.problems]
         return "\n".join(lines)
     div = cmp.divergence
@@ -381,8 +385,8 @@ def format_comparison(cmp: Comparison, label: str = "") -> str:
     on = f" (node {div.node})" if div.node else ""
     lines = [
         f"{label}: first divergence at step {div.step}, rank {div.rank}{on}, {where}: {div.detail}",
-        f"  [- uninterrupted] {readable(div.expected)}",
-        f"  [+ resumed]       {readable(div.actual)}",
+        f"  [- {sides[0]}]{' ' * (width - len(sides[0]))} {readable(div.expected)}",
+        f"  [+ {sides[1]}]{' ' * (width - len(sides[1]))} {readable(div.actual)}",
     ]
     size = size_words(div.expected, div.actual)
     if size:

@@ -16,6 +16,7 @@ import pytest
 from .checks import Plan, build_plan
 from .devices import Device
 from .errors import ResumeEquivError, ResumeEquivWarning
+from .golden import GoldenTarget
 from .judge import LaunchFailed, Outcome, run_plan
 from .launch import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
@@ -90,6 +91,7 @@ class ResumeEquiv:
         root: RunRoot,
         owner: str,
         shared_root: Optional[str] = None,
+        golden: Optional[GoldenTarget] = None,
         report_section: Callable[[str], None] = lambda text: None,
         progress: Optional[Callable[[str], None]] = None,
     ) -> None:
@@ -99,6 +101,8 @@ class ResumeEquiv:
         self.owner = owner
         """The test's node id."""
         self.shared_root = shared_root
+        self.golden = golden
+        """What this test asks of the golden store (`--resume-equiv-golden`)."""
         self.report_section = report_section
         self.progress = progress
         """Receives a line per launch event (pytest -v)."""
@@ -176,7 +180,9 @@ class ResumeEquiv:
         pytest.skip(f"resume-equiv abstained: {reason}")
 
     def _plan(self, request: RunRequest) -> Plan:
-        plan = build_plan(self.settings, request, self.device, self.root.path, self.shared_root)
+        plan = build_plan(
+            self.settings, request, self.device, self.root.path, self.shared_root, self.golden
+        )
         self.shared_dirs += [p.spec.run_dir for p in plan.launches if p.shared]
         for text in plan.warnings:  # before the launches: the author may stop and fix it
             warnings.warn(ResumeEquivWarning(text), stacklevel=3)

@@ -38,6 +38,9 @@ class MarkerSpec:
     """Each resumed launch saves at the next split, and the next one resumes from it."""
     noise: Optional[str] = None
     """auto | measure | off; None: not given on the marker (the session option decides)."""
+    golden_checkpoint: bool = False
+    """With a golden store: keep the checkpoint of each split in the golden too, and resume
+    the current code from it (the compatibility check)."""
 
     @property
     def world_size(self) -> int:
@@ -153,6 +156,12 @@ def _chain(value: Any) -> bool:
     return value
 
 
+def _golden_checkpoint(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _error("golden_checkpoint", value, "must be True or False")
+    return value
+
+
 def _optional_int(keyword: str) -> Callable[[Any], Optional[int]]:
     parse = _int(keyword, 1)
     return lambda value: None if value is None else parse(value)
@@ -171,6 +180,7 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "resume_nnodes": _optional_int("resume_nnodes"),
     "chain": _chain,
     "noise": _noise,
+    "golden_checkpoint": _golden_checkpoint,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)

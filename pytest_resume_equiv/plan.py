@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from .devices import Device
 from .errors import ResumeEquivError
+from .golden import GoldenTarget
 from .launch import LaunchSpec, Target
 from .rank.context import LaunchContext
 from .settings import TestSettings
@@ -113,6 +114,7 @@ class Planner:
         device: Device,
         root: str,
         shared_root: Optional[str] = None,
+        golden: Optional[GoldenTarget] = None,
     ) -> None:
         if not isinstance(request.checkpoint, (str, os.PathLike)):
             raise ResumeEquivError(
@@ -124,6 +126,8 @@ class Planner:
         self.device = device
         self.root = root
         self.shared_root = shared_root
+        self.golden = golden
+        """The test's golden (`--resume-equiv-golden`), None without a store."""
         self.checkpoint = os.fspath(request.checkpoint)
         if callable(request.command):
             if request.resume_args:

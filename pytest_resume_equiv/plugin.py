@@ -24,14 +24,15 @@ import pytest
 
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
-from .report import format_summary_table
+from .report import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
 
 MARKER = "resume_equivalent"
 MARKER_DOC = (
     "resume_equivalent(steps, split, nproc=2, nnodes=1, timeout=None, tolerance=None, env=None, "
-    "rng_mutation=True, interrupt='continue', ignore=None): run the test's trainer under torchrun "
+    "rng_mutation=True, interrupt='continue', ignore=None, resume_nproc=None, resume_nnodes=None, "
+    "chain=False, noise='auto', golden_checkpoint=False): run the test's trainer under torchrun "
     "uninterrupted and resumed from the checkpoint saved at `split` (an int or a list), and "
     "require every rank to record the same values at every step after it. See "
     "pytest-resume-equiv's README."
@@ -110,11 +111,34 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _session(session.config).finish()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collected(session.config, session.items)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        _collected(items[0].config, items)
+
+
+def _collected(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Resume tests collected, selected or not: the goldens they use are not unused."""
+    found = {item.nodeid for item in items if item.get_closest_marker(MARKER) is not None}
+    _session(config).collected |= found
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    records = _session(terminalreporter.config).records
+    session = _session(terminalreporter.config)
+    records = session.records
     if records:
         terminalreporter.write_sep("=", "resume equivalence")
         for line in format_summary_table(records):
+            terminalreporter.write_line(line)
+    if session.settings.error or session.settings["golden"] is None:
+        return
+    lines = format_golden_summary(records, session.unused, session.settings["update_golden"])
+    if lines:
+        terminalreporter.write_sep("-", f"resume-equiv goldens in {session.settings['golden']}")
+        for line in lines:
             terminalreporter.write_line(line)
 
 
@@ -223,6 +247,7 @@ def resume_equiv(
         root,
         owner=node.nodeid,
         shared_root=session.shared_dir(tmp_path_factory),
+        golden=session.golden_for(node.nodeid, settings, device),
         report_section=lambda text: node.add_report_section("call", "resume-equiv", text),
         progress=_progress_writer(request.config),
     )

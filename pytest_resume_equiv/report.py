@@ -31,12 +31,11 @@ def format_outcome(outcome: Outcome, kept: str) -> str:
     if outcome.ignored:
         lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
     first = resumes[0]
-    lines += [
-        f"run directories ({kept}):",
-        f"  uninterrupted: {first.runs.get('uninterrupted', '')}",
-        f"  resumed:       {first.runs.get('resumed', '')}",
-        f"rerun the resumed launch by hand:\n  {first.rerun}",
-    ]
+    lines.append(f"run directories ({kept}):")
+    for role in ("uninterrupted", "resumed"):  # a golden-only run has no uninterrupted one
+        if first.runs.get(role):
+            lines.append(f"  {role + ':':<14} {first.runs[role]}")
+    lines.append(f"rerun the resumed launch by hand:\n  {first.rerun}")
     return "\n".join(lines)
 
 
@@ -151,3 +150,24 @@ def format_summary_table(records: list[TestRecord]) -> list[str]:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_golden_summary(records: list[TestRecord], unused: list[str], removed: bool) -> list[str]:
+    """What the session did with the golden store: the goldens it wrote, the tests that ran
+    from a stored checkpoint only, the goldens no collected test uses."""
+    lines = []
+    for r in sorted(records, key=lambda r: r.test):
+        for verdict in (v for run in r.runs for v in run.verdicts):
+            if verdict.check == "golden" and verdict.why.startswith("update run"):
+                lines.append(f"{r.test}: {verdict.why[len('update run: ') :]}")
+            if verdict.check == "compat" and verdict.why.startswith("golden-only"):
+                lines.append(f"{r.test}: golden-only: {verdict.label} {verdict.status}")
+    if unused:
+        how = (
+            "removed (--resume-equiv-update-golden)"
+            if removed
+            else "not removed; an update run (--resume-equiv-update-golden) removes them"
+        )
+        lines.append(f"unused goldens ({len(unused)}, no collected test uses them), {how}:")
+        lines += [f"  {test}" for test in unused]
+    return lines

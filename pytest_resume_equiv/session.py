@@ -15,13 +15,17 @@ from typing import Any, Optional
 
 import pytest
 
+from .devices import Device
 from .fixtures import ResumeEquiv
+from .golden import GoldenStore, GoldenTarget, current
+from .golden.meta import session_token
 from .records import TestRecord, report_json
-from .settings import SessionSettings, resolve_session
+from .settings import SessionSettings, TestSettings, resolve_session
 from .share import SHARED_DIR, clean_shared, mark_kept
 
 WORKER_RECORDS = "resume_equiv_tests"
 WORKER_SHARED = "resume_equiv_shared"
+WORKER_COLLECTED = "resume_equiv_collected"
 """Keys of a pytest-xdist worker's `workeroutput`."""
 
 
@@ -36,6 +40,18 @@ def session_temp(config: pytest.Config, factory: pytest.TempPathFactory) -> Path
     return base.parent if is_xdist_worker(config) else base
 
 
+def narrowed_files(config: Any) -> list[str]:
+    """Test files the command line narrowed to some of their tests (`path::test`), relative
+    to the rootdir as node ids are: their other tests were not collected, not removed."""
+    root = str(getattr(config, "rootpath", "") or os.getcwd())
+    args = getattr(config, "args", None) or []
+    return [
+        os.path.relpath(os.path.abspath(arg.split("::")[0]), root).replace(os.sep, "/")
+        for arg in args
+        if "::" in str(arg)
+    ]
+
+
 class ResumeEquivSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -44,6 +60,10 @@ class ResumeEquivSession:
         self.launching: dict[str, ResumeEquiv] = {}
         """node id -> the fixture of every resume test whose launches run now."""
         self.shared_root: Optional[str] = None
+        self.collected: set[str] = set()
+        """Node ids of the resume tests collected (selected or not): they use their goldens."""
+        self.unused: list[str] = []
+        """Goldens of tests no longer collected (found at the end, with a store)."""
 
     def shared_dir(self, factory: pytest.TempPathFactory) -> str:
         """The directory of uninterrupted launches shared by the session's tests."""
@@ -52,6 +72,23 @@ class ResumeEquivSession:
             path.mkdir(mode=0o700, exist_ok=True)
             self.shared_root = str(path)
         return self.shared_root
+
+    def golden_for(
+        self, test: str, settings: TestSettings, device: Device
+    ) -> Optional[GoldenTarget]:
+        """What `test` asks of the golden store, or None without one."""
+        if settings.golden is None:
+            return None
+        marker = settings.marker
+        devices = 0 if device.kind == "cpu" else marker.world_size
+        return GoldenTarget(
+            GoldenStore(settings.golden),
+            test,
+            current(device.kind, marker.world_size, devices),
+            update=settings.update_golden,
+            only=settings.golden_only,
+            session=session_token(self.config),
+        )
 
     def test_done(self, fixture: ResumeEquiv, failed: bool) -> TestRecord:
         """A resume test ended: keep its record; a failed or interrupted one keeps the shared
@@ -80,6 +117,7 @@ class ResumeEquivSession:
         """pytest-xdist controller: a worker's records, and where it shared its launches."""
         self.records += [TestRecord.from_json(data) for data in output.get(WORKER_RECORDS, [])]
         self.shared_root = output.get(WORKER_SHARED) or self.shared_root
+        self.collected |= set(output.get(WORKER_COLLECTED, []))
 
     def finish(self) -> None:
         """A worker hands everything to the controller; the controller (or a session without
@@ -88,12 +126,25 @@ class ResumeEquivSession:
             output = self.config.workeroutput  # type: ignore[attr-defined]
             output[WORKER_RECORDS] = [r.to_json() for r in self.records]
             output[WORKER_SHARED] = self.shared_root
+            output[WORKER_COLLECTED] = sorted(self.collected)
             return
         if self.settings.error:
             return
         if self.shared_root:
             clean_shared(self.shared_root, self.settings["keep"])
+        self._unused_goldens()
         path = self.settings["report"]
         if path:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(report_json(self.records), f, indent=2)
+
+    def _unused_goldens(self) -> None:
+        """The goldens no collected test uses; an update run removes them."""
+        root = self.settings["golden"]
+        if root is None or not self.collected:
+            return
+        store = GoldenStore(root)
+        self.unused = store.unused(self.collected, narrowed_files(self.config))
+        if self.settings["update_golden"]:
+            for test in self.unused:
+                store.remove(test)

@@ -88,6 +88,13 @@ def parse_noise_runs(raw: Any) -> int:
     return value
 
 
+def parse_golden(raw: Any) -> Optional[str]:
+    value = str(raw).strip()
+    if not value:
+        raise ValueError("expected the directory of the golden store")
+    return value
+
+
 def parse_report(raw: Any) -> Optional[str]:
     value = str(raw).strip()
     if not value:
@@ -193,6 +200,29 @@ OPTIONS: dict[str, Option] = {
             flag=True,
         ),
         Option(
+            "golden",
+            "the golden store: keep the uninterrupted run's signatures per test and environment "
+            "in DIR and compare every later run with them (a relative ini value is relative to "
+            "the ini file)",
+            None,
+            parse_golden,
+        ),
+        Option(
+            "update_golden",
+            "write (or replace) the goldens of the tests that ran, and remove the unused ones",
+            False,
+            parse_bool,
+            flag=True,
+        ),
+        Option(
+            "golden_only",
+            "for tests whose golden holds a checkpoint (golden_checkpoint=True): only resume the "
+            "stored checkpoint and compare with the golden (one launch per split)",
+            False,
+            parse_bool,
+            flag=True,
+        ),
+        Option(
             "rng_mutation",
             "run the teeth check (one extra resumed launch with every RNG stream mutated): "
             "true (default) or false; the marker's rng_mutation= wins",
@@ -229,6 +259,20 @@ def resolve(
         raise SettingError(f"invalid {option.name} {raw!r} from {source}: {exc}") from None
 
 
+PATH_OPTIONS = ("golden",)
+"""Options naming a directory: a relative ini value is relative to the ini file."""
+
+
+def _relative_to_ini(option: Option, resolved: Resolved, config: Any) -> Resolved:
+    inipath = getattr(config, "inipath", None)
+    value = resolved.value
+    if option.name not in PATH_OPTIONS or not resolved.source.startswith("ini") or not inipath:
+        return resolved
+    if value is None or os.path.isabs(value):
+        return resolved
+    return Resolved(os.path.join(os.path.dirname(str(inipath)), value), resolved.source)
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """Session-wide options; `error` is set when one was invalid (marked tests then fail)."""
@@ -254,6 +298,7 @@ def resolve_session(config: Any, env: Optional[Mapping[str, str]] = None) -> Ses
         cli = config.getoption(option.dest, default=None)
         try:
             values[option.name] = resolve(option, (config.getini(option.ini), inifile), env, cli)
+            values[option.name] = _relative_to_ini(option, values[option.name], config)
         except SettingError as exc:
             errors.append(str(exc))
             values[option.name] = Resolved(option.default, "default")
@@ -284,6 +329,9 @@ class TestSettings:
     noise: str
     noise_runs: int
     strict_abstain: bool
+    golden: Optional[str]
+    update_golden: bool
+    golden_only: bool
     rng_mutation: bool
     sources: dict[str, str]
 

@@ -17,10 +17,12 @@ def settings_for(options=None, **marker):
     return resolve_test(session, (), {"steps": 6, "split": 3, **marker})
 
 
-def plan_for(root, command, shared_root=None, device=CPU, request=None, options=None, **marker):
+def plan_for(
+    root, command, shared_root=None, device=CPU, request=None, options=None, golden=None, **marker
+):
     settings = settings_for(options, **marker)
     request = request or RunRequest(command, seed=7)
-    return settings, build_plan(settings, request, device, str(root), shared_root)
+    return settings, build_plan(settings, request, device, str(root), shared_root, golden)
 
 
 def write_run(
@@ -51,7 +53,7 @@ def write_run(
     for rank in range(world_size):
         path = signature_path(str(run_dir), rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        head = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "phase": "x"}
+        head = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "phase": "x", "pid": 1}
         lines = [{**head, "rank": rank, "world_size": world_size}]
         for split in points:
             lines.append({"resume_point": {"split": split, "at": "t.py:1", **point(split, rank)}})

@@ -62,5 +62,63 @@ def test_examples_collect_together(pytester):
     """The README's main job runs every example in one session: names must not collide."""
     shutil.copytree(EXAMPLES, pytester.path / "examples")
     result = pytester.runpytest_subprocess(*CPU, "--collect-only", "-q", "examples")
-    result.stdout.fnmatch_lines(["*16 tests collected*"])
+    result.stdout.fnmatch_lines(["*17 tests collected*"])
     assert result.ret == 0
+
+
+@pytest.mark.long(120)
+def test_golden_example(pytester, monkeypatch):
+    """Version 1 writes the golden with its checkpoint; a compatible refactor passes the
+    resume test, the golden trajectory and the old checkpoint; a renamed optimizer key that
+    the loader skips fails the old checkpoint (golden-only: one launch) with the cause at the
+    resume point; a new init passes its resume test and fails the golden trajectory."""
+    shutil.copytree(EXAMPLES / "golden", pytester.path / "golden")
+    golden = ("--resume-equiv-golden=goldens", "golden")
+
+    def run(version, *args):
+        monkeypatch.setenv("TRAINER_VERSION", version)
+        return pytester.runpytest_subprocess(*CPU, *golden, *args)
+
+    made = run("1", "--resume-equiv-update-golden")
+    made.assert_outcomes(passed=1)
+    made.stdout.fnmatch_lines(
+        ["*test_versioned_trainer: wrote the golden cpu-ws1-* (checkpoints split 2: * KiB)"]
+    )
+
+    refactor = run("2-refactor", "-v")
+    refactor.assert_outcomes(passed=1)
+    refactor.stdout.fnmatch_lines(
+        [
+            "*split 2 equal over 2 steps; teeth check off *; golden trajectory equal to the "
+            "golden over 4 steps; "
+            "checkpoint compatibility, split 2 passed (the checkpoint was written *"
+        ]
+    )
+
+    renamed = run("2-renamed-key", "--resume-equiv-golden-only")
+    renamed.assert_outcomes(failed=1)
+    renamed.stdout.fnmatch_lines(
+        [
+            "resumed from the golden's checkpoint, the run is not the golden trajectory",
+            "checkpoint compatibility, split 2: the current code resumed from the golden's "
+            "checkpoint (the checkpoint was written * on cpu-ws1-*",
+            "*the resumed run's state differs from the golden run (it wrote the stored "
+            "checkpoint)'s at the same point: rank 0: watch:optimizer.state*",
+            "  likely cause (optimizer never restored): rank 0: the optimizer 'optimizer' was "
+            "never restored*",
+            "*test_versioned_trainer: golden-only: checkpoint compatibility, split 2 failed",
+        ]
+    )
+    assert "uninterrupted" not in renamed.stdout.str().split("= FAILURES =")[1].split("===")[0]
+
+    init = run("2-new-init")
+    init.assert_outcomes(failed=1)
+    init.stdout.fnmatch_lines(
+        [
+            "golden trajectory: the uninterrupted run differs from the golden written *",
+            "golden trajectory: first divergence at step 1, rank 0, key 'loss'*",
+        ]
+    )
+    text = init.stdout.str()
+    assert "split 2: equal on its one rank over 2 steps" in text  # its own resume is fine
+    assert "checkpoint compatibility, split 2: equal on its one rank" in text

@@ -280,3 +280,30 @@ def test_ignore_patterns_and_the_strict_latent_option():
     session = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_STRICT_LATENT": "1"})
     test = resolve_test(session, (), {"steps": 4, "split": 2, "ignore": ["watch:ema.*"]})
     assert test.strict_latent is True and test.marker.ignore == ("watch:ema.*",)
+
+
+def test_golden_options_and_a_relative_ini_store_beside_the_ini_file():
+    plain = resolve_session(FakeConfig(), env={})
+    assert (plain["golden"], plain["update_golden"], plain["golden_only"]) == (None, False, False)
+    from_ini = resolve_session(FakeConfig(ini={"resume_equiv_golden": "goldens"}), env={})
+    assert from_ini["golden"] == "/p/goldens"
+    env = {"PYTEST_RESUME_EQUIV_GOLDEN": "rel", "PYTEST_RESUME_EQUIV_UPDATE_GOLDEN": "1"}
+    from_env = resolve_session(FakeConfig(cli={"resume_equiv_golden_only": True}), env=env)
+    assert (from_env["golden"], from_env["update_golden"], from_env["golden_only"]) == (
+        "rel",
+        True,
+        True,
+    )
+    test = resolve_test(from_env, (), {"steps": 6, "split": 3})
+    assert test.describe("golden") == "rel (environment variable PYTEST_RESUME_EQUIV_GOLDEN)"
+    unset = resolve_session(FakeConfig(), env={"PYTEST_RESUME_EQUIV_GOLDEN": ""})
+    assert unset.error is None and unset["golden"] is None
+    bad = resolve_session(FakeConfig(cli={"resume_equiv_golden": " "}), env={})
+    assert "invalid golden ' ' from command line --resume-equiv-golden" in bad.error
+
+
+def test_the_golden_checkpoint_keyword():
+    assert parse_marker((), {"steps": 6, "split": 3}).golden_checkpoint is False
+    assert parse_marker((), {"steps": 6, "split": 3, "golden_checkpoint": True}).golden_checkpoint
+    with pytest.raises(SettingError, match=r"invalid golden_checkpoint='yes': must be True or"):
+        parse_marker((), {"steps": 6, "split": 3, "golden_checkpoint": "yes"})

@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..devices import Device
+from ..golden import GoldenTarget
 from ..plan import PlannedLaunch, Planner, RunRequest
 from ..settings import TestSettings
 from .base import Check, Judging, Verdict
 from .chain import ChainLink
+from .compat import Compat, golden_only
 from .control import Control
 from .direct import Direct
+from .golden import GoldenTrajectory
 from .repeat import Repeat
 from .resume import Resume
 from .teeth import Teeth
@@ -30,6 +33,8 @@ CHECKS: tuple[type[Check], ...] = (
     Direct,
     Control,
     Repeat,
+    GoldenTrajectory,
+    Compat,
 )
 
 __all__ = ["CHECKS", "Check", "Judging", "Plan", "Verdict", "build_plan", "kind_of"]
@@ -67,11 +72,14 @@ def build_plan(
     device: Device,
     root: str,
     shared_root: Optional[str] = None,
+    golden: Optional[GoldenTarget] = None,
 ) -> Plan:
     """Every registered check plans the checks of its kind the test has, with their launches
-    (`shared_root`: where uninterrupted launches other tests can reuse live)."""
-    planner = Planner(settings, request, device, root, shared_root)
+    (`shared_root`: where uninterrupted launches other tests can reuse live; `golden`: the
+    test's golden, with a store)."""
+    planner = Planner(settings, request, device, root, shared_root, golden)
     checks: list[Check] = []
-    for kind in CHECKS:
+    kinds = (Compat,) if golden_only(planner) else CHECKS  # the stored checkpoints alone
+    for kind in kinds:
         checks += kind.plan(planner)
     return Plan(planner.ordered(), checks, planner.warnings)
