@@ -40,10 +40,9 @@ from .rank.layout import (
 )
 
 if TYPE_CHECKING:
-    from .launch import LaunchSpec
+    from .spec import LaunchSpec
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
-LAUNCHERS = ("local", "slurm")
 SLURM_AGENT = "pytest_resume_equiv.rank.slurm_agent"
 SRUN_CONSEQUENCE = re.compile(r"task \d+:|Terminating|CANCELLED|Killed|Timed out")
 """srun's lines about tasks that ended because the launch was stopped: not its cause."""
@@ -268,9 +267,54 @@ def _quiet(argv: list[str]) -> Optional[str]:
     return done.stdout if done.returncode == 0 else None
 
 
-def agents_for(spec: LaunchSpec) -> Agents:
-    if spec.launcher == "slurm":
-        return SlurmSteps(spec.slurm_args)
-    if spec.nnodes > 1:
-        return LocalNodes()
-    return OneRank() if spec.nproc == 1 else Standalone()
+class LauncherKind:
+    """What a launcher (`--resume-equiv-launcher`) means for the rest of the plugin, so that
+    no other module decides from its name: whether the plugin leases accelerators for a
+    launch, how many accelerator launches may run at once, what the report header says, and
+    which agents start a given launch."""
+
+    name = "local"
+    leases_devices = True
+    """The plugin leases a launch's accelerators itself (else the scheduler does, by GRES)."""
+    one_accelerator_launch = False
+    """Accelerator launches run one at a time (every job step sees the whole allocation)."""
+
+    def __init__(self, args: tuple[str, ...] = ()) -> None:
+        self.args = args
+
+    def header(self, described: str) -> str:
+        """What the report header adds about this launcher ("" for the default)."""
+        return ""
+
+    def agents(self, spec: LaunchSpec) -> Agents:
+        if spec.nnodes > 1:
+            return LocalNodes()
+        return OneRank() if spec.nproc == 1 else Standalone()
+
+
+class SlurmLauncher(LauncherKind):
+    name = "slurm"
+    leases_devices = False
+    one_accelerator_launch = True
+
+    def header(self, described: str) -> str:
+        job = os.environ.get("SLURM_JOB_ID")
+        where = f"steps of job {job}" if job else "an allocation per launch"
+        return f", launcher={described}: {where}"
+
+    def agents(self, spec: LaunchSpec) -> Agents:
+        return SlurmSteps(self.args)
+
+
+LAUNCHER_TYPES: dict[str, type[LauncherKind]] = {"local": LauncherKind, "slurm": SlurmLauncher}
+LAUNCHERS = tuple(LAUNCHER_TYPES)
+
+
+def launcher_named(name: str, args: tuple[str, ...] = ()) -> LauncherKind:
+    """The launcher a (validated) `--resume-equiv-launcher` value names."""
+    return LAUNCHER_TYPES[name](args)
+
+
+def launcher_of(spec: LaunchSpec) -> LauncherKind:
+    """The launcher that starts `spec`."""
+    return launcher_named(spec.launcher, spec.slurm_args)

@@ -17,12 +17,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from .agents import BOOTSTRAP, agents_for
+from .agents import BOOTSTRAP, launcher_of
 from .outcomes import RankOutcome, rank_outcomes
-from .rank.context import LaunchContext
 from .rank.layout import (
     CONTEXT_ENV,
     agent_log_path,
@@ -31,45 +30,13 @@ from .rank.layout import (
     read_pids,
     request_stacks,
 )
+from .spec import LaunchSpec, Target
 from .stacks import py_spy_dump
+
+__all__ = ["LaunchResult", "LaunchSpec", "RunningLaunch", "Target", "launch"]
 
 STACK_DUMP_WAIT = 2.0
 """Seconds a hung launch gets to dump its ranks' Python stacks before it is killed."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """What each rank runs: a script path, a module (`-m`), or a module-level function."""
-
-    kind: str  # "script" | "module" | "call"
-    name: str
-    args: tuple[str, ...] = ()
-    pythonpath: tuple[str, ...] = ()
-
-    def argv(self) -> list[str]:
-        return [f"--{self.kind}", self.name, *self.args]
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    name: str
-    target: Target
-    run_dir: str
-    nproc: int
-    nnodes: int
-    timeout: float
-    context: LaunchContext
-    """What every rank is told (JSON in RESUME_EQUIV_CONTEXT)."""
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: Optional[str] = None
-    launcher: str = "local"
-    """How the agents start (agents.py): "local" (this host) or "slurm" (job steps)."""
-    slurm_args: tuple[str, ...] = ()
-    """`--resume-equiv-slurm-args`: given to every `srun`."""
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
 
 
 @dataclass
@@ -202,7 +169,7 @@ class RunningLaunch:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
-        self.agents = agents_for(spec)
+        self.agents = launcher_of(spec).agents(spec)
         context = dataclasses.replace(
             spec.context,
             gate=self.gate,

@@ -14,7 +14,6 @@ One resume test, from the marker to the verdict:
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import tempfile
 from collections.abc import Generator
@@ -22,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from .agents import launcher_named
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
 from .report import format_summary_table
@@ -146,11 +146,7 @@ def pytest_report_header(config: pytest.Config) -> str:
             device = f"auto -> {found.kind} x{found.count} ({source})"
         except DeviceUnavailable:
             device = f"auto -> no accelerator, resume tests skip ({source})"
-    launcher = ""
-    if settings["launcher"] != "local":
-        job = os.environ.get("SLURM_JOB_ID")
-        where = f"steps of job {job}" if job else "an allocation per launch"
-        launcher = f", launcher={settings.describe('launcher')}: {where}"
+    launcher = launcher_named(settings["launcher"]).header(settings.describe("launcher"))
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
         f"({settings.values['timeout'].source}), keep={settings.describe('keep')}{launcher}"
