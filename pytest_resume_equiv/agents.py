@@ -59,6 +59,8 @@ class Agents:
     """Ranks may be on other hosts: they dump their stacks when the run directory asks."""
     preexec: Optional[Callable[[], None]] = None
     """Run in each started process before it execs (after it left pytest's session)."""
+    note = ""
+    """How this launch starts when that is not the usual way (shown with -v)."""
 
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         """One command line per process to start (each its own process group)."""
@@ -122,20 +124,34 @@ class OneRank(Agents):
         return [[sys.executable, "-m", BOOTSTRAP, *spec.target.argv()]]
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
-        one = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"}
-        size = {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"}
-        return {
-            **dict.fromkeys(one, "0"),
-            **dict.fromkeys(size, "1"),
-            "ROLE_NAME": "default",
-            "TORCHELASTIC_RUN_ID": uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
-        }
+        return rank_env(spec, 0)
 
     def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
         code = returncodes[0] if returncodes else None
         return {} if code is None else {0: code}
+
+
+def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
+    """What torchrun's agent gives worker `rank` of a one-node launch (the store's address
+    is added by rank 0, which holds it)."""
+    n = str(spec.nproc)  # one node: every rank is local
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": n,
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": n,
+        "TORCHELASTIC_RUN_ID": uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCHELASTIC_ERROR_FILE": os.path.join(spec.run_dir, "logs", f"error-{rank}.json"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
 
 
 class LocalNodes(Agents):
@@ -278,6 +294,8 @@ class LauncherKind:
     """The plugin leases a launch's accelerators itself (else the scheduler does, by GRES)."""
     one_accelerator_launch = False
     """Accelerator launches run one at a time (every job step sees the whole allocation)."""
+    can_fork = True
+    """A one-node launch may be forked from the session's fork server (forked.py)."""
 
     def __init__(self, args: tuple[str, ...] = ()) -> None:
         self.args = args
@@ -296,6 +314,7 @@ class SlurmLauncher(LauncherKind):
     name = "slurm"
     leases_devices = False
     one_accelerator_launch = True
+    can_fork = False
 
     def header(self, described: str) -> str:
         job = os.environ.get("SLURM_JOB_ID")

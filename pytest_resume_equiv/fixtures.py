@@ -286,6 +286,8 @@ class Torchrun:
         strict_shutdown: bool = False,
         launcher: str = "local",
         slurm_args: tuple[str, ...] = (),
+        fork_server: bool = False,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self._device_for = device_for
         self.timeout = timeout
@@ -293,6 +295,8 @@ class Torchrun:
         self.strict_shutdown = strict_shutdown
         self.launcher = launcher
         self.slurm_args = slurm_args
+        self.fork_server = fork_server
+        self.preload = preload
         self._count = 0
 
     def __call__(
@@ -334,6 +338,8 @@ class Torchrun:
             cwd,
             self.launcher,
             self.slurm_args,
+            self.fork_server,
+            self.preload,
         )
         result, problem = self._launch(spec, device)
         if problem:

@@ -24,6 +24,7 @@ import pytest
 from .agents import launcher_named
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
+from .forked import ForkServer
 from .report import format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
@@ -108,6 +109,11 @@ class _Reporter:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _session(session.config).finish()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's fork servers go with it (they also leave if pytest dies)."""
+    ForkServer.stop_all()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -244,6 +250,8 @@ def torchrun(
         strict_shutdown=not settings.error and settings["strict_shutdown"],
         launcher=settings["launcher"],
         slurm_args=settings["slurm_args"],
+        fork_server=not settings.error and settings["fork_server"] == "on",
+        preload=() if settings.error else settings["preload"],
     )
     root.finish(request.node.stash.get(FAILED_KEY, False))
 

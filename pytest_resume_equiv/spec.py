@@ -4,6 +4,7 @@ the launchers (agents.py) without either importing the other."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -39,7 +40,21 @@ class LaunchSpec:
     """How the agents start (agents.py): "local" (this host) or "slurm" (job steps)."""
     slurm_args: tuple[str, ...] = ()
     """`--resume-equiv-slurm-args`: given to every `srun`."""
+    fork_server: bool = False
+    """`--resume-equiv-fork-server=on`: fork the ranks from the session's server if the
+    launch allows it (forked.py)."""
+    preload: tuple[str, ...] = ()
+    """`--resume-equiv-preload`: what that server imports before it forks."""
 
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
+
+
+def default_env() -> dict[str, str]:
+    """What every launch adds to the inherited environment before its own variables (the
+    fork server starts with it too)."""
+    extra = {"PYTHONUNBUFFERED": "1"}
+    if "OMP_NUM_THREADS" not in os.environ:
+        extra["OMP_NUM_THREADS"] = "1"  # what torchrun sets anyway, without its warning
+    return extra
