@@ -82,6 +82,9 @@ class Agents:
         agents' own summary says (outcomes.py reads it)."""
         return {}
 
+    def supervise(self, procs: list) -> None:
+        """Called while the launch runs: what an agent does for ranks started without one."""
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +45,8 @@ IMPORT_TIME_PREFIXES = (
 sets one to another value than the server started with cannot be forked from it."""
 AFTER_IMPORT = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 """...except these, which the forked child applies itself or which are read later."""
+STOP_GRACE = 10.0
+"""Seconds the other ranks of a failed forked launch get after SIGTERM."""
 START_WAIT = 120.0
 """Seconds the server gets to import torch and the preload modules."""
 
@@ -183,6 +186,24 @@ class Forked(Agents):
 
     def __init__(self, server: ForkServer) -> None:
         self.server = server
+        self.stopping: Optional[float] = None
+
+    def supervise(self, procs: list) -> None:
+        """torchrun's rule: once a rank has failed, the others get SIGTERM, and SIGKILL if
+        they are still there after STOP_GRACE seconds."""
+        codes = [p.poll() for p in procs]
+        if self.stopping is None and any(c not in (None, 0) for c in codes):
+            self.stopping = time.monotonic()
+            self._signal(procs, codes, signal.SIGTERM)
+        elif self.stopping is not None and time.monotonic() > self.stopping + STOP_GRACE:
+            self._signal(procs, codes, signal.SIGKILL)
+
+    @staticmethod
+    def _signal(procs: list, codes: list, sig: int) -> None:
+        for proc, code in zip(procs, codes):
+            if code is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
 
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         """What starts this launch without the server (the rerun line shows the first)."""

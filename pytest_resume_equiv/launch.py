@@ -234,6 +234,7 @@ class RunningLaunch:
         """The result once every agent has exited (or the timeout passed), else None."""
         if self.result is not None:
             return self.result
+        self.agents.supervise(self.procs)
         if all(p.poll() is not None for p in self.procs):
             return self._finish(timed_out=False)
         if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:

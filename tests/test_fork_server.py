@@ -173,7 +173,8 @@ def test_sigkill_of_pytest_leaves_no_server_and_no_rank(trainers, tmp_path):
         """
     )
     started = tmp_path / "started.txt"
-    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": str(trainers.path)}
+    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
     code, _ = interrupt_once_started(
         trainers.path, [*CPU, "test_long.py"], env, started, 2, signal.SIGKILL
     )
