@@ -232,16 +232,18 @@ def main(argv: list[str]) -> None:
     status = _run_user_code(argv, ctx)
     state.finish()
     write_status(ctx.run_dir, rank, status)
-    if store is not None and ctx.world_size > 1:
+    if ctx.host_store and ctx.world_size > 1:
         _wait_for_peers(ctx)
     _leave(status.code, holding=store)
 
 
 def _wait_for_peers(ctx: RunContext, limit: float = 60.0) -> None:
-    """Rank 0 holds the store of a launch without an agent: it stays until every other rank
-    has ended its work (a status file) or gone, as torchrun's agent keeps its store."""
+    """In a launch without an agent every rank stays until every other rank has ended its
+    work (a status file) or gone: rank 0 holds the store, as torchrun's agent keeps it, and
+    a rank that left early would close its gloo connections under a peer still tearing its
+    process group down (seen to deadlock that peer's destructors)."""
     deadline = time.monotonic() + limit
-    others = range(1, ctx.world_size)
+    others = [r for r in range(ctx.world_size) if r != ctx.rank]
     while time.monotonic() < deadline:
         pids = read_pids(ctx.run_dir)
         waiting = [
