@@ -239,9 +239,9 @@ def main(argv: list[str]) -> None:
 
 def _wait_for_peers(ctx: RunContext, limit: float = 60.0) -> None:
     """In a launch without an agent every rank stays until every other rank has ended its
-    work (a status file) or gone: rank 0 holds the store, as torchrun's agent keeps it, and
-    a rank that left early would close its gloo connections under a peer still tearing its
-    process group down (seen to deadlock that peer's destructors)."""
+    work (a status file) or gone (at most `limit` seconds): rank 0 holds the store, as
+    torchrun's agent keeps it, and no rank closes its connections under a peer that is
+    still tearing its process group down."""
     deadline = time.monotonic() + limit
     others = [r for r in range(ctx.world_size) if r != ctx.rank]
     while time.monotonic() < deadline:

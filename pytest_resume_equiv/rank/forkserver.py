@@ -36,11 +36,11 @@ BASE_MODULES = (
     "torch",
     "torch.distributed",
     "torch.optim",
-    "torch._dynamo",
     "pytest_resume_equiv.rank.bootstrap",
 )
-NOT_FORKED = frozenset({"PYTHONPATH"})
-"""Variables the child takes from the launch although the server read them at start."""
+"""Not `torch._dynamo` (the import the first optimizer step pays, ~2 s of CPU per rank):
+imported here, 3 of 15 forked 2-rank launches of examples/minimal hung for good in a gloo
+destructor after `destroy_process_group()`; 0 of 15 without it (docs/performance.md)."""
 
 
 def thread_count() -> int:
