@@ -2,7 +2,9 @@
 
   a. examples/minimal, steps=8, split=4, 2 ranks: the plugin's test with rng_mutation=False
      (the same two launches of work as by hand), and with the teeth check on;
-  b. splits [2, 4, 6]: the plugin's test against the hand-written test run once per split.
+  b. splits [2, 4, 6]: the plugin's test against the hand-written test run once per split;
+  each plugin variant with the fork server (the default) and without it
+  (`--resume-equiv-fork-server=off`).
 
 The hand-written test is what a careful engineer writes without the plugin: torchrun the
 trainer uninterrupted (saving at the split), torchrun it again resumed, compare the per-rank
@@ -81,27 +83,42 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-launches-")
+    off = ["--resume-equiv-fork-server=off"]
     variants = {
-        "a: by hand (2 launches)": ("hand_a.py", HANDWRITTEN_TEST, [4], None),
-        "a: plugin, rng_mutation=False": ("plugin_a.py", PLUGIN_TEST, 4, False),
-        "a: plugin, teeth check on": ("plugin_a_teeth.py", PLUGIN_TEST, 4, True),
-        "b: by hand, per split (6 launches)": ("hand_b.py", HANDWRITTEN_TEST, [2, 4, 6], None),
-        "b: plugin, split=[2, 4, 6]": ("plugin_b.py", PLUGIN_TEST, [2, 4, 6], False),
+        "a: by hand (2 launches)": ("hand_a.py", HANDWRITTEN_TEST, [4], None, []),
+        "a: plugin, rng_mutation=False, no fork server": (
+            "plugin_a.py",
+            PLUGIN_TEST,
+            4,
+            False,
+            off,
+        ),
+        "a: plugin, rng_mutation=False": ("plugin_a.py", PLUGIN_TEST, 4, False, []),
+        "a: plugin, teeth check on": ("plugin_a_teeth.py", PLUGIN_TEST, 4, True, []),
+        "b: by hand, per split (6 launches)": ("hand_b.py", HANDWRITTEN_TEST, [2, 4, 6], None, []),
+        "b: plugin, split=[2, 4, 6], no fork server": (
+            "plugin_b.py",
+            PLUGIN_TEST,
+            [2, 4, 6],
+            False,
+            off,
+        ),
+        "b: plugin, split=[2, 4, 6]": ("plugin_b.py", PLUGIN_TEST, [2, 4, 6], False, []),
     }
-    for name, text, splits, mutation in variants.values():
+    for name, text, splits, mutation, _ in variants.values():
         write(work, f"test_{name}", text.format(train=TRAIN, splits=splits, mutation=mutation))
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "resume_equiv", "-p", "no:cacheprovider"]
     pytest += ["--resume-equiv-device=cpu", "--rootdir", work]
     samples: dict[str, list[float]] = {label: [] for label in variants}
     for n in range(args.repeat):
-        for label, (name, *_rest) in variants.items():
-            samples[label].append(timed_run([*pytest, f"test_{name}"], cwd=work))
+        for label, (name, _, _, _, extra) in variants.items():
+            samples[label].append(timed_run([*pytest, *extra, f"test_{name}"], cwd=work))
             print(f"run {n + 1}/{args.repeat}: {label}: {samples[label][-1]:.1f}s", flush=True)
     med = {label: median_of(s) for label, s in samples.items()}
     base = {"a": med["a: by hand (2 launches)"], "b": med["b: by hand, per split (6 launches)"]}
     rows = [["variant", "median s", "ratio to by hand", "target"]]
     targets = {
-        "a: plugin, rng_mutation=False": "<= 1.0",
+        "a: plugin, rng_mutation=False": "< 0.3",
         "b: plugin, split=[2, 4, 6]": "<= 0.6",
     }
     for label, value in med.items():

@@ -40,10 +40,9 @@ from .rank.layout import (
 )
 
 if TYPE_CHECKING:
-    from .launch import LaunchSpec
+    from .spec import LaunchSpec
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
-LAUNCHERS = ("local", "slurm")
 SLURM_AGENT = "pytest_resume_equiv.rank.slurm_agent"
 SRUN_CONSEQUENCE = re.compile(r"task \d+:|Terminating|CANCELLED|Killed|Timed out")
 """srun's lines about tasks that ended because the launch was stopped: not its cause."""
@@ -60,6 +59,8 @@ class Agents:
     """Ranks may be on other hosts: they dump their stacks when the run directory asks."""
     preexec: Optional[Callable[[], None]] = None
     """Run in each started process before it execs (after it left pytest's session)."""
+    note = ""
+    """How this launch starts when that is not the usual way (shown with -v)."""
 
     def argvs(self, spec: LaunchSpec) -> list[list[str]]:
         """One command line per process to start (each its own process group)."""
@@ -80,6 +81,9 @@ class Agents:
         """rank -> exit code where the processes started are the ranks themselves; else the
         agents' own summary says (outcomes.py reads it)."""
         return {}
+
+    def supervise(self, procs: list) -> None:
+        """Called while the launch runs: what an agent does for ranks started without one."""
 
 
 def free_port() -> int:
@@ -123,20 +127,34 @@ class OneRank(Agents):
         return [[sys.executable, "-m", BOOTSTRAP, *spec.target.argv()]]
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
-        one = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"}
-        size = {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"}
-        return {
-            **dict.fromkeys(one, "0"),
-            **dict.fromkeys(size, "1"),
-            "ROLE_NAME": "default",
-            "TORCHELASTIC_RUN_ID": uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex,
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
-        }
+        return rank_env(spec, 0)
 
     def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
         code = returncodes[0] if returncodes else None
         return {} if code is None else {0: code}
+
+
+def rank_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
+    """What torchrun's agent gives worker `rank` of a one-node launch (the store's address
+    is added by rank 0, which holds it)."""
+    n = str(spec.nproc)  # one node: every rank is local
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": n,
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": n,
+        "TORCHELASTIC_RUN_ID": uuid.uuid5(uuid.NAMESPACE_URL, spec.run_dir).hex,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCHELASTIC_ERROR_FILE": os.path.join(spec.run_dir, "logs", f"error-{rank}.json"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
 
 
 class LocalNodes(Agents):
@@ -268,9 +286,57 @@ def _quiet(argv: list[str]) -> Optional[str]:
     return done.stdout if done.returncode == 0 else None
 
 
-def agents_for(spec: LaunchSpec) -> Agents:
-    if spec.launcher == "slurm":
-        return SlurmSteps(spec.slurm_args)
-    if spec.nnodes > 1:
-        return LocalNodes()
-    return OneRank() if spec.nproc == 1 else Standalone()
+class LauncherKind:
+    """What a launcher (`--resume-equiv-launcher`) means for the rest of the plugin, so that
+    no other module decides from its name: whether the plugin leases accelerators for a
+    launch, how many accelerator launches may run at once, what the report header says, and
+    which agents start a given launch."""
+
+    name = "local"
+    leases_devices = True
+    """The plugin leases a launch's accelerators itself (else the scheduler does, by GRES)."""
+    one_accelerator_launch = False
+    """Accelerator launches run one at a time (every job step sees the whole allocation)."""
+    can_fork = True
+    """A one-node launch may be forked from the session's fork server (forked.py)."""
+
+    def __init__(self, args: tuple[str, ...] = ()) -> None:
+        self.args = args
+
+    def header(self, described: str) -> str:
+        """What the report header adds about this launcher ("" for the default)."""
+        return ""
+
+    def agents(self, spec: LaunchSpec) -> Agents:
+        if spec.nnodes > 1:
+            return LocalNodes()
+        return OneRank() if spec.nproc == 1 else Standalone()
+
+
+class SlurmLauncher(LauncherKind):
+    name = "slurm"
+    leases_devices = False
+    one_accelerator_launch = True
+    can_fork = False
+
+    def header(self, described: str) -> str:
+        job = os.environ.get("SLURM_JOB_ID")
+        where = f"steps of job {job}" if job else "an allocation per launch"
+        return f", launcher={described}: {where}"
+
+    def agents(self, spec: LaunchSpec) -> Agents:
+        return SlurmSteps(self.args)
+
+
+LAUNCHER_TYPES: dict[str, type[LauncherKind]] = {"local": LauncherKind, "slurm": SlurmLauncher}
+LAUNCHERS = tuple(LAUNCHER_TYPES)
+
+
+def launcher_named(name: str, args: tuple[str, ...] = ()) -> LauncherKind:
+    """The launcher a (validated) `--resume-equiv-launcher` value names."""
+    return LAUNCHER_TYPES[name](args)
+
+
+def launcher_of(spec: LaunchSpec) -> LauncherKind:
+    """The launcher that starts `spec`."""
+    return launcher_named(spec.launcher, spec.slurm_args)

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import pytest
 
+from .agents import launcher_named, launcher_of
 from .checks import Plan, build_plan
 from .devices import Device
 from .errors import ResumeEquivError, ResumeEquivWarning
@@ -193,7 +194,10 @@ class ResumeEquiv:
         text). Either way the run's record is kept for the summary and the JSON report."""
         outcome = Outcome(plan)
         parallel, prefetch = parallelism(
-            self.device, self.nproc, self.world_size, self.settings.launcher
+            self.device,
+            self.nproc,
+            self.world_size,
+            launcher_named(self.settings.launcher, self.settings.slurm_args),
         )
         launcher = Launcher(self.device, self.settings.timeout, self.owner)
         scheduler = Scheduler(launcher, parallel, prefetch, on_progress=self.progress)
@@ -288,6 +292,8 @@ class Torchrun:
         strict_shutdown: bool = False,
         launcher: str = "local",
         slurm_args: tuple[str, ...] = (),
+        fork_server: bool = False,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self._device_for = device_for
         self.timeout = timeout
@@ -295,6 +301,8 @@ class Torchrun:
         self.strict_shutdown = strict_shutdown
         self.launcher = launcher
         self.slurm_args = slurm_args
+        self.fork_server = fork_server
+        self.preload = preload
         self._count = 0
 
     def __call__(
@@ -336,6 +344,8 @@ class Torchrun:
             cwd,
             self.launcher,
             self.slurm_args,
+            self.fork_server,
+            self.preload,
         )
         result, problem = self._launch(spec, device)
         if problem:
@@ -351,7 +361,7 @@ class Torchrun:
     def _launch(spec: LaunchSpec, device: Device) -> tuple[Optional[LaunchResult], str]:
         lease = None
         try:
-            if device.kind != "cpu" and spec.launcher == "local":  # Slurm: its GRES
+            if device.kind != "cpu" and launcher_of(spec).leases_devices:  # Slurm: its GRES
                 lease = LeaseWait(device, spec.nproc, spec.timeout, spec.name).wait()
             return launch(with_lease(spec, lease)), ""
         except ResumeEquivError as exc:

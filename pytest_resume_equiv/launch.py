@@ -17,12 +17,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from .agents import BOOTSTRAP, agents_for
+from .agents import BOOTSTRAP
+from .forked import FORK_SERVER, Forked, agents_for
 from .outcomes import RankOutcome, rank_outcomes
-from .rank.context import LaunchContext
 from .rank.layout import (
     CONTEXT_ENV,
     agent_log_path,
@@ -31,45 +31,13 @@ from .rank.layout import (
     read_pids,
     request_stacks,
 )
+from .spec import LaunchSpec, Target, default_env
 from .stacks import py_spy_dump
+
+__all__ = ["LaunchResult", "LaunchSpec", "RunningLaunch", "Target", "launch"]
 
 STACK_DUMP_WAIT = 2.0
 """Seconds a hung launch gets to dump its ranks' Python stacks before it is killed."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """What each rank runs: a script path, a module (`-m`), or a module-level function."""
-
-    kind: str  # "script" | "module" | "call"
-    name: str
-    args: tuple[str, ...] = ()
-    pythonpath: tuple[str, ...] = ()
-
-    def argv(self) -> list[str]:
-        return [f"--{self.kind}", self.name, *self.args]
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    name: str
-    target: Target
-    run_dir: str
-    nproc: int
-    nnodes: int
-    timeout: float
-    context: LaunchContext
-    """What every rank is told (JSON in RESUME_EQUIV_CONTEXT)."""
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: Optional[str] = None
-    launcher: str = "local"
-    """How the agents start (agents.py): "local" (this host) or "slurm" (job steps)."""
-    slurm_args: tuple[str, ...] = ()
-    """`--resume-equiv-slurm-args`: given to every `srun`."""
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
 
 
 @dataclass
@@ -90,6 +58,9 @@ class LaunchResult:
     step (0: it was not killed on purpose)."""
     problem: str = ""
     """The launcher's own account of a failure (a run directory the nodes do not share)."""
+    note: str = ""
+    """How the launch started when that was not the usual way (a plain start that the fork
+    server could not serve, and why): shown with -v."""
 
     @property
     def ok(self) -> bool:
@@ -130,13 +101,11 @@ class LaunchResult:
 
 def launch_env(spec: LaunchSpec) -> dict[str, str]:
     """The variables a launch adds to the inherited environment (shown in the rerun line)."""
-    extra = {CONTEXT_ENV: spec.context.to_json(), "PYTHONUNBUFFERED": "1"}
+    extra = {CONTEXT_ENV: spec.context.to_json(), **default_env()}
     if spec.target.pythonpath:
         current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         paths = [*spec.target.pythonpath, *current]
         extra["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if "OMP_NUM_THREADS" not in os.environ:
-        extra["OMP_NUM_THREADS"] = "1"  # what torchrun sets anyway, without its warning
     extra.update(spec.env)
     return extra
 
@@ -151,7 +120,8 @@ def _is_our_rank(pid: int) -> bool:
     """Guard against pid reuse: only signal processes that still run our bootstrap."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return BOOTSTRAP.encode() in f.read()
+            cmdline = f.read()
+        return BOOTSTRAP.encode() in cmdline or FORK_SERVER.encode() in cmdline
     except FileNotFoundError:
         return False
     except OSError:
@@ -202,7 +172,8 @@ class RunningLaunch:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
         self.gate = gate_path(spec.run_dir) if gated else None
-        self.agents = agents_for(spec)
+        base = {**os.environ, **launch_env(spec)}
+        self.agents = agents_for(spec, base)
         context = dataclasses.replace(
             spec.context,
             gate=self.gate,
@@ -213,7 +184,7 @@ class RunningLaunch:
         )
         self.extra = {**self.agents.env(spec), **launch_env(spec)}
         env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []
         self._logs = []
         self.started = time.monotonic()
         self.gate_opened: Optional[float] = None if gated else self.started
@@ -221,24 +192,31 @@ class RunningLaunch:
         self.argvs: list[list[str]] = []
         try:
             self.argvs = self.agents.argvs(spec)
-            for node, argv in enumerate(self.argvs):
-                log = open(agent_log_path(spec.run_dir, node), "wb")
-                self._logs.append(log)
-                self.procs.append(
-                    subprocess.Popen(
-                        argv,
-                        cwd=spec.cwd,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        preexec_fn=self.agents.preexec,
-                    )
-                )
+            if isinstance(self.agents, Forked):
+                logs = [agent_log_path(spec.run_dir, i) for i in range(spec.nproc)]
+                self.procs = self.agents.start(spec, env, logs)
+            else:
+                self._start_plain(env)
         except BaseException:
             self.kill()
             raise
+
+    def _start_plain(self, env: dict[str, str]) -> None:
+        for node, argv in enumerate(self.argvs):
+            log = open(agent_log_path(self.spec.run_dir, node), "wb")
+            self._logs.append(log)
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=self.spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self.agents.preexec,
+                )
+            )
 
     @property
     def gate_open(self) -> bool:
@@ -256,6 +234,7 @@ class RunningLaunch:
         """The result once every agent has exited (or the timeout passed), else None."""
         if self.result is not None:
             return self.result
+        self.agents.supervise(self.procs)
         if all(p.poll() is not None for p in self.procs):
             return self._finish(timed_out=False)
         if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:
@@ -308,6 +287,7 @@ class RunningLaunch:
             command=_rerun_line(self.spec, self.extra, self.argvs[0] if self.argvs else []),
             startup=(self.gate_opened or end) - self.started,
             problem=self.agents.problem(agent_text),
+            note=self.agents.note,
         )
         return self.result
 

@@ -196,6 +196,8 @@ class Planner:
             cwd=self.request.cwd,
             launcher=self.settings.launcher,
             slurm_args=self.settings.slurm_args,
+            fork_server=self.settings.fork_server == "on",
+            preload=self.settings.preload,
         )
 
     def context(

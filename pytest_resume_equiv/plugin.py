@@ -14,7 +14,6 @@ One resume test, from the marker to the verdict:
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import tempfile
 from collections.abc import Generator
@@ -22,8 +21,10 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from .agents import launcher_named
 from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
+from .forked import ForkServer
 from .report import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
@@ -126,6 +127,11 @@ def _collected(config: pytest.Config, items: list[pytest.Item]) -> None:
     _session(config).collected |= found
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's fork servers go with it (they also leave if pytest dies)."""
+    ForkServer.stop_all()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     session = _session(terminalreporter.config)
     records = session.records
@@ -170,11 +176,7 @@ def pytest_report_header(config: pytest.Config) -> str:
             device = f"auto -> {found.kind} x{found.count} ({source})"
         except DeviceUnavailable:
             device = f"auto -> no accelerator, resume tests skip ({source})"
-    launcher = ""
-    if settings["launcher"] != "local":
-        job = os.environ.get("SLURM_JOB_ID")
-        where = f"steps of job {job}" if job else "an allocation per launch"
-        launcher = f", launcher={settings.describe('launcher')}: {where}"
+    launcher = launcher_named(settings["launcher"]).header(settings.describe("launcher"))
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
         f"({settings.values['timeout'].source}), keep={settings.describe('keep')}{launcher}"
@@ -273,6 +275,8 @@ def torchrun(
         strict_shutdown=not settings.error and settings["strict_shutdown"],
         launcher=settings["launcher"],
         slurm_args=settings["slurm_args"],
+        fork_server=not settings.error and settings["fork_server"] == "on",
+        preload=() if settings.error else settings["preload"],
     )
     root.finish(request.node.stash.get(FAILED_KEY, False))
 

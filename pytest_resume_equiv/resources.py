@@ -14,6 +14,7 @@ import random
 import time
 from typing import Optional
 
+from .agents import LauncherKind, launcher_of
 from .devices import Device, DeviceLease, visible_ids
 from .errors import ResumeEquivError
 from .launch import LaunchResult, LaunchSpec, RunningLaunch
@@ -23,7 +24,7 @@ from .share import SharedLaunch
 
 
 def parallelism(
-    device: Device, nproc: int, world_size: int, launcher: str = "local"
+    device: Device, nproc: int, world_size: int, launcher: Optional[LauncherKind] = None
 ) -> tuple[int, int]:
     """(launches that run the user's code at once, launches started ahead at their gate).
 
@@ -35,7 +36,7 @@ def parallelism(
     """
     if device.kind == "cpu":
         return max(1, (os.cpu_count() or 1) // world_size), 1
-    if launcher == "slurm":
+    if launcher is not None and launcher.one_accelerator_launch:
         return 1, 0
     return max(1, device.count // nproc), 0
 
@@ -135,7 +136,7 @@ class Launcher:
 
     def _start(self, planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
         spec = planned.spec
-        if self.device.kind == "cpu" or spec.launcher == "slurm":  # Slurm leases by GRES
+        if self.device.kind == "cpu" or not launcher_of(spec).leases_devices:  # Slurm: GRES
             return RunningLaunch(spec, gated=gated)
         wait = self._waits.setdefault(
             spec.name, LeaseWait(self.device, spec.nproc, self.timeout, spec.name, self.lock_dir)

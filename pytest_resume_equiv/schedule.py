@@ -181,7 +181,9 @@ class Scheduler:
             result = self._poll(job)
             if result is None:
                 continue
-            self._progress(job, result.status)
+            self._progress(
+                job, f"{result.status} ({result.note})" if result.note else result.status
+            )
             job.done = True
             on_done(job, result)
             self.finished.add(job.name)

@@ -22,6 +22,7 @@ from .tolerance import PROFILES, Tolerance, parse_tolerance_option
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
 KEEP = ("failed", "all", "none")
+ON_OFF = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,17 @@ def parse_slurm_args(raw: Any) -> tuple[str, ...]:
         return tuple(shlex.split(str(raw)))
     except ValueError as exc:
         raise ValueError(f"not a shell-quoted list of srun options ({exc})") from None
+
+
+def parse_preload(raw: Any) -> tuple[str, ...]:
+    """Comma-separated module names (`transformers,diffusers`)."""
+    names = tuple(n.strip() for n in str(raw).split(",") if n.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(
+                f"{name!r} is not a module name (expected e.g. transformers,diffusers)"
+            )
+    return names
 
 
 def parse_noise_runs(raw: Any) -> int:
@@ -167,6 +179,23 @@ OPTIONS: dict[str, Option] = {
             "GRES), e.g. '--partition=gpu --time=00:20:00 --gpus-per-node=8'",
             (),
             parse_slurm_args,
+        ),
+        Option(
+            "fork_server",
+            "on: fork the ranks of local one-node launches from a per-session process that has "
+            "imported torch (a launch starts in milliseconds); off: start every rank as torchrun "
+            "would (a launch whose env= changes what torch reads at import always does)",
+            "on",
+            _choice(ON_OFF),
+            choices=ON_OFF,
+        ),
+        Option(
+            "preload",
+            "modules the fork server imports before it forks ranks, comma-separated "
+            "(e.g. transformers,diffusers); one that starts threads or touches a device at "
+            "import is refused",
+            (),
+            parse_preload,
         ),
         Option(
             "tolerance",
@@ -325,6 +354,8 @@ class TestSettings:
     strict_latent: bool
     launcher: str
     slurm_args: tuple[str, ...]
+    fork_server: str
+    preload: tuple[str, ...]
     tolerance: Tolerance
     noise: str
     noise_runs: int

@@ -39,6 +39,7 @@ def result_from_json(data: dict) -> LaunchResult:
     )
     spec["context"] = LaunchContext.from_json(json.dumps(spec.pop("context")))
     spec["slurm_args"] = tuple(spec.get("slurm_args", ()))
+    spec["preload"] = tuple(spec.get("preload", ()))
     return LaunchResult(
         spec=LaunchSpec(**spec),
         returncodes=list(data["returncodes"]),
@@ -50,6 +51,7 @@ def result_from_json(data: dict) -> LaunchResult:
         reused=str(data.get("reused") or data.get("owner") or ""),
         killed_after_step=int(data.get("killed_after_step", 0)),
         problem=str(data.get("problem", "")),
+        note=str(data.get("note", "")),
     )
 
 

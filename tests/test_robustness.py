@@ -147,7 +147,8 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers,
         """
     )
     started = tmp_path / "started.txt"
-    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": str(trainers.path)}
+    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
     code, output = interrupt_once_started(
         trainers.path, [*CPU, "test_long.py"], env, started, 2, sig
     )

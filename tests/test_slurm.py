@@ -17,7 +17,7 @@ import pytest
 from helpers import CPU, interrupt_once_started, processes_mentioning
 from slurm_cluster import LocalSlurmCluster, slurm_available
 
-from pytest_resume_equiv.agents import SlurmSteps, agents_for, job_name
+from pytest_resume_equiv.agents import SlurmSteps, job_name, launcher_named, launcher_of
 from pytest_resume_equiv.devices import Device
 from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch import LaunchSpec, Target
@@ -271,13 +271,19 @@ def test_srun_errors_are_the_launch_problem():
 
 
 def test_accelerator_launches_in_one_allocation_run_one_at_a_time():
-    assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4, launcher="slurm") == (1, 0)
+    assert parallelism(
+        Device("cuda", "nccl", 8), nproc=2, world_size=4, launcher=launcher_named("slurm")
+    ) == (
+        1,
+        0,
+    )
     assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4) == (4, 0)
 
 
 def test_local_launcher_simulates_nodes_with_one_agent_each(tmp_path):
-    assert len(agents_for(_spec(tmp_path, nnodes=1, launcher="local")).argvs(_spec(tmp_path))) == 1
-    argvs = agents_for(_spec(tmp_path, nnodes=2, launcher="local")).argvs(_spec(tmp_path))
+    one, two = (_spec(tmp_path, nnodes=n, launcher="local") for n in (1, 2))
+    assert len(launcher_of(one).agents(one).argvs(_spec(tmp_path))) == 1
+    argvs = launcher_of(two).agents(two).argvs(_spec(tmp_path))
     assert len(argvs) == 2 and argvs[0] == argvs[1]
     assert "--standalone" not in argvs[0] and "--local-addr=127.0.0.1" in argvs[0]
 
@@ -311,7 +317,7 @@ def test_a_node_never_reads_an_earlier_launchs_endpoint(tmp_path):
 def test_a_one_rank_launch_runs_its_rank_with_torchruns_variables_and_no_agent(tmp_path):
     spec = _spec(tmp_path, nnodes=1, launcher="local")
     spec = LaunchSpec(**{**spec.__dict__, "nproc": 1})
-    agents = agents_for(spec)
+    agents = launcher_of(spec).agents(spec)
     (argv,) = agents.argvs(spec)
     assert argv[1:] == ["-m", "pytest_resume_equiv.rank.bootstrap", "--script", "train.py", "--x=1"]
     env = agents.env(spec)

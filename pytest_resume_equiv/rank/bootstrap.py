@@ -25,7 +25,10 @@ from .layout import (
     CONTEXT_ENV,
     RankStatus,
     log_path,
+    read_pids,
     stacks_requested,
+    status_path,
+    store_port_path,
     write_pid,
     write_status,
 )
@@ -104,7 +107,9 @@ def _watch_owner(ctx: RunContext) -> None:
 def _host_store(ctx: RunContext) -> Any:
     """What torchrun's agent does for its workers: hold a TCPStore on a port the kernel
     picked and still held (no other launch can take it), and tell `init_process_group`
-    (env://) to join it as a client. The caller holds the store for the rank's whole life."""
+    (env://) to join it as a client. Rank 0 holds it for the launch (the caller keeps it for
+    the rank's whole life) and writes its port where the other ranks of a launch forked
+    without an agent wait for it."""
     if not ctx.host_store:
         return None
     try:
@@ -115,15 +120,42 @@ def _host_store(ctx: RunContext) -> Any:
         return None
     if not dist.is_available():
         return None
-    store = dist.TCPStore(
-        "127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=30), wait_for_workers=False
-    )
+    store = None
+    if ctx.rank == 0:
+        store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            None,
+            True,
+            timeout=datetime.timedelta(minutes=30),
+            wait_for_workers=False,
+        )
+        port = str(store.port)
+        if ctx.world_size > 1:
+            path = store_port_path(ctx.run_dir)
+            with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+                f.write(port)
+            os.replace(f"{path}.tmp", path)
+    else:
+        port = _wait_for_store_port(ctx)
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(store.port),
-        TORCHELASTIC_USE_AGENT_STORE="True",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True"
     )
     return store
+
+
+def _wait_for_store_port(ctx: RunContext) -> str:
+    """Rank 0's store port (the launch's timeout ends a wait for a rank 0 that died)."""
+    path = store_port_path(ctx.run_dir)
+    while True:
+        try:
+            with open(path, encoding="utf-8") as f:
+                port = f.read().strip()
+            if port:
+                return port
+        except FileNotFoundError:
+            pass
+        time.sleep(0.005)
 
 
 def _resolve_callable(spec: str) -> Callable[..., Any]:
@@ -200,7 +232,40 @@ def main(argv: list[str]) -> None:
     status = _run_user_code(argv, ctx)
     state.finish()
     write_status(ctx.run_dir, rank, status)
+    if ctx.host_store and ctx.world_size > 1:
+        _wait_for_peers(ctx)
     _leave(status.code, holding=store)
+
+
+def _wait_for_peers(ctx: RunContext, limit: float = 60.0) -> None:
+    """In a launch without an agent every rank stays until every other rank has ended its
+    work (a status file) or gone (at most `limit` seconds): rank 0 holds the store, as
+    torchrun's agent keeps it, and no rank closes its connections under a peer that is
+    still tearing its process group down."""
+    deadline = time.monotonic() + limit
+    others = [r for r in range(ctx.world_size) if r != ctx.rank]
+    while time.monotonic() < deadline:
+        pids = read_pids(ctx.run_dir)
+        waiting = [
+            r
+            for r in others
+            if not os.path.exists(status_path(ctx.run_dir, r)) and _alive(pids.get(r))
+        ]
+        if not waiting:
+            return
+        time.sleep(0.01)
+
+
+def _alive(pid: Any) -> bool:
+    if pid is None:
+        return True  # not started yet
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _leave(code: int, holding: Any) -> None:

@@ -48,9 +48,18 @@ STACKS_FILE = "dump-stacks"
 STACKS_REQUEST = "dump"
 TOKEN_FILE = "launch-token"
 RENDEZVOUS_FILE = "rendezvous.json"
+STORE_PORT_FILE = "store-port"
 SLURM_PROBLEM = "resume-equiv slurm:"
 """How `rank/slurm_agent.py` starts a line the plugin quotes as the launch's problem."""
-PLUGIN_FILES = (GATE_FILE, RESULT_FILE, KEEP_FILE, STACKS_FILE, TOKEN_FILE, RENDEZVOUS_FILE)
+PLUGIN_FILES = (
+    GATE_FILE,
+    RESULT_FILE,
+    KEEP_FILE,
+    STACKS_FILE,
+    TOKEN_FILE,
+    RENDEZVOUS_FILE,
+    STORE_PORT_FILE,
+)
 """Files the plugin itself writes at the top of a run directory."""
 
 
@@ -73,6 +82,11 @@ def status_path(run_dir: str, rank: int) -> str:
 
 def pid_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "pids", f"rank-{rank}.pid")
+
+
+def store_port_path(run_dir: str) -> str:
+    """Where rank 0 of a launch without an agent says the port of the store it holds."""
+    return os.path.join(run_dir, STORE_PORT_FILE)
 
 
 def gate_path(run_dir: str) -> str:

@@ -1,0 +1,224 @@
+"""The fork server: a process that has imported torch once and forks the ranks of local
+launches, so a rank starts in milliseconds instead of paying `import torch` again.
+
+`python -m pytest_resume_equiv.rank.forkserver PRELOAD...` imports torch,
+`torch.distributed`, `torch.optim` and the plugin's rank code (plus the user's `PRELOAD`
+modules), checks that nothing started a thread or touched a device, and then serves JSON
+lines on its stdin/stdout:
+
+- `{"op": "fork", "argv": [...], "env": {...}, "cwd": DIR, "log": PATH}`: fork a rank; the
+  child makes itself a session and process group of its own, takes exactly `env` as its
+  environment, `cwd` as its directory, `log` as its stdout/stderr, rebuilds `sys.path` as a
+  `python -m` start in `cwd` with that environment would have it, and runs the bootstrap.
+  Answer: `{"pid": N}`.
+- `{"op": "poll", "pids": [...]}`: `{"codes": {pid: returncode or null}}` (negative: the
+  signal that ended it, as `subprocess.Popen` says).
+
+It leaves when its stdin closes (pytest ended) or pytest dies (PR_SET_PDEATHSIG, set when it
+was started), killing the process group of every rank it forked that still runs. It never
+imports pytest, draws no random number and starts no thread: a forked child is a fresh
+process for everything the training does (`bootstrap.main` makes all per-rank state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Optional
+
+BASE_MODULES = (
+    "torch",
+    "torch.distributed",
+    "torch.optim",
+    "pytest_resume_equiv.rank.bootstrap",
+)
+"""Not `torch._dynamo` (the import the first optimizer step pays, ~2 s of CPU per rank):
+imported here, 3 of 15 forked 2-rank launches of examples/minimal hung for good in a gloo
+destructor after `destroy_process_group()`; 0 of 15 without it (docs/performance.md)."""
+
+
+def thread_count() -> int:
+    """Threads of this process as the kernel sees them (C++ threads too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def touched_devices() -> list[str]:
+    """The accelerator runtimes an import initialised (a forked child cannot use them)."""
+    found = []
+    torch = sys.modules.get("torch")
+    for name in ("cuda", "xpu", "npu", "mps"):
+        backend = getattr(torch, name, None)
+        check = getattr(backend, "is_initialized", None)
+        with contextlib.suppress(Exception):
+            if check is not None and check():
+                found.append(name)
+    return found
+
+
+def preload(modules: list[str]) -> dict[str, Any]:
+    """Import the base modules and the user's, one at a time, refusing one that leaves a
+    thread running or a device initialised. The answer is the server's first line."""
+    for name in [*BASE_MODULES, *modules]:
+        before = thread_count()
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - reported to pytest, which decides
+            return {"error": f"importing {name} failed: {type(exc).__name__}: {exc}"}
+        if thread_count() > before:
+            return {
+                "error": f"preload module {name!r} starts threads at import "
+                f"({thread_count() - before} new); a process with threads cannot be forked "
+                "safely: import it in the training code instead"
+            }
+        devices = touched_devices()
+        if devices:
+            return {
+                "error": f"preload module {name!r} initialises {', '.join(devices)} at "
+                "import; a forked child cannot use an initialised device: import it in the "
+                "training code instead"
+            }
+    return {"ready": True, "pid": os.getpid(), "modules": [*BASE_MODULES, *modules]}
+
+
+def _python_path(env: dict[str, str], cwd: str, tail: list[str]) -> list[str]:
+    """sys.path of `python -m ...` started in `cwd` with `env`: the directory, PYTHONPATH,
+    then the interpreter's own entries (stdlib, site-packages) as the server found them."""
+    extra = [os.path.join(cwd, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return list(dict.fromkeys([cwd, *extra, *tail]))
+
+
+def _interpreter_tail() -> list[str]:
+    start = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    own = {os.path.abspath(p) for p in start if p} | {os.path.abspath(sys.path[0] or ".")}
+    return [p for p in sys.path[1:] if os.path.abspath(p or ".") not in own]
+
+
+class Server:
+    def __init__(self, requests: Any, answers: Any) -> None:
+        self.requests = requests
+        self.answers = answers
+        self.children: dict[int, Optional[int]] = {}
+        self.tail = _interpreter_tail()
+
+    def answer(self, message: dict[str, Any]) -> None:
+        self.answers.write(json.dumps(message) + "\n")
+        self.answers.flush()
+
+    def serve(self) -> None:
+        for line in self.requests:
+            self.reap()
+            try:
+                request = json.loads(line)
+                if request["op"] == "fork":
+                    self.answer({"pid": self.fork(request)})
+                elif request["op"] == "poll":
+                    self.answer({"codes": {p: self.children.get(p) for p in request["pids"]}})
+                else:
+                    self.answer({"error": f"unknown request {request['op']!r}"})
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                self.answer({"error": f"{type(exc).__name__}: {exc}"})
+        self.stop()
+
+    def reap(self) -> None:
+        for pid, code in list(self.children.items()):
+            if code is not None:
+                continue
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.children[pid] = _returncode(status)
+
+    def stop(self) -> None:
+        """pytest has gone: nothing it started may outlive it."""
+        for pid, code in self.children.items():
+            if code is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+
+    def fork(self, request: dict[str, Any]) -> int:
+        argv = [str(a) for a in request["argv"]]
+        env = {str(k): str(v) for k, v in request["env"].items()}
+        cwd, log = str(request["cwd"]), str(request["log"])
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._child(argv, env, cwd, fd)  # never returns
+        finally:
+            os.close(fd)
+        self.children[pid] = None
+        return pid
+
+    def _child(self, argv: list[str], env: dict[str, str], cwd: str, log_fd: int) -> None:
+        code = 1
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            for fd in (null, log_fd, self.requests.fileno(), self.answers.fileno()):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's whole life
+            sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+            sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.path[:] = _python_path(env, cwd, self.tail)
+            sys.path_importer_cache.clear()
+            importlib.invalidate_caches()
+            sys.argv = [sys.argv[0], *argv]
+            from . import bootstrap
+
+            bootstrap.main(argv)  # leaves with os._exit
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - whatever it was, the log says it
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def main(modules: list[str]) -> None:
+    # The protocol gets fds of its own: stdout (fd 1) becomes the server's log, so nothing a
+    # preloaded module prints can corrupt an answer.
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if os.getppid() == 1:
+        os._exit(1)  # pytest died before PR_SET_PDEATHSIG took effect
+    server = Server(requests, answers)
+    first = preload(modules)
+    server.answer(first)
+    if "error" not in first:
+        server.serve()
+
+
+if __name__ == "__main__":
+    main([m for m in sys.argv[1:] if m])
