@@ -49,6 +49,8 @@ def test_a_save_is_logged_event_by_event_with_the_step_it_came_after(rank_dir, t
     with open(os.path.join(folder, "latest")) as f:  # reading is no event
         f.read()
     (tmp_path / "elsewhere.txt").write_text("not in a watched folder")
+    with open(os.path.join(rank_dir, "store-port.tmp"), "w") as f:  # the plugin's own
+        f.write("0")
     req.record(3, loss=1.0)
     os.unlink(os.path.join(folder, "latest"))
     shutil.rmtree(folder)

@@ -57,8 +57,9 @@ class FileLog:
         for root in self.roots:
             if real == root or real.startswith(root + os.sep):
                 first = os.path.relpath(real, root).split(os.sep)[0]
-                if first in RANK_DIRS or first in PLUGIN_FILES:
-                    return None
+                own = any(first == f or first.startswith(f + ".") for f in PLUGIN_FILES)
+                if first in RANK_DIRS or own:
+                    return None  # the plugin's own (also a temporary `store-port.tmp`)
                 return real
         return None
 
