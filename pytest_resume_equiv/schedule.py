@@ -205,7 +205,10 @@ class Scheduler:
             return
         spec = job.planned.spec
         elapsed = time.monotonic() - job.gate_opened_at if job.gate_opened_at else 0.0
+        recorded, ctx = job.steps_recorded(), spec.context
+        where = f"step {recorded}/{ctx.steps} recorded on every rank"
+        if not recorded and ctx.phase in ("resumed", "teeth") and ctx.split is not None:
+            where = f"resuming after step {ctx.split} (to {ctx.steps}), no step recorded yet"
         self.on_progress(
-            f"{spec.name} ({count(spec.world_size, 'rank')}): {event}, step {job.steps_recorded()}/"
-            f"{spec.context.steps} recorded on every rank, {elapsed:.1f}s"
+            f"{spec.name} ({count(spec.world_size, 'rank')}): {event}, {where}, {elapsed:.1f}s"
         )

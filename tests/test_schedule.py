@@ -151,7 +151,9 @@ def test_progress_lines_name_the_launch_its_ranks_and_its_steps(tmp_path):
         "uninterrupted (2 ranks): running, step 0/6 recorded on every rank, "
     )
     assert lines[1].startswith("uninterrupted (2 ranks): ok, step 0/6 recorded on every rank, ")
-    assert lines[2].startswith("resumed-split3 (2 ranks): running, step 0/6")
+    assert lines[2].startswith(
+        "resumed-split3 (2 ranks): running, resuming after step 3 (to 6), no step recorded yet"
+    )
 
 
 def test_unfinished_names_the_launches_running_when_the_loop_stopped(tmp_path):
