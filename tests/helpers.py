@@ -170,6 +170,27 @@ def hello(ctx):
 """
 
 
+LONG_TEST = """
+from pytest_resume_equiv import resume_equivalent
+from trainers import sleeps_after_start
+
+@resume_equivalent(steps=4, split=2, nproc=2)
+def test_long(resume_equiv):
+    resume_equiv.run(sleeps_after_start)
+"""
+
+
+def interrupt_long_test(trainers, tmp_path, sig) -> tuple[int, str]:
+    """A two-rank resume test of a trainer that sleeps once started, interrupted with `sig`
+    once every rank began (`interrupt_once_started`); the trainers' folder on PYTHONPATH, in
+    front of the branch's own (a replaced PYTHONPATH would run the installed copy)."""
+    trainers.makepyfile(test_long=LONG_TEST)
+    started = tmp_path / "started.txt"
+    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
+    return interrupt_once_started(trainers.path, [*CPU, "test_long.py"], env, started, 2, sig)
+
+
 def interrupt_once_started(cwd, args, env, started, ranks, sig) -> tuple[int, str]:
     """Run pytest with `args` in `cwd`; once `ranks` lines are in the file `started` (every
     rank began), send `sig` to pytest alone, as a terminal or a CI runner would. Returns

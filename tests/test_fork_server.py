@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from helpers import CPU, interrupt_once_started, processes_mentioning
+from helpers import interrupt_long_test, processes_mentioning
 
 from pytest_resume_equiv.agents import OneRank, Standalone
 from pytest_resume_equiv.errors import ResumeEquivError
@@ -162,22 +162,7 @@ def test_preload_setting_takes_module_names():
 
 
 def test_sigkill_of_pytest_leaves_no_server_and_no_rank(trainers, tmp_path):
-    trainers.makepyfile(
-        test_long="""
-        from pytest_resume_equiv import resume_equivalent
-        from trainers import sleeps_after_start
-
-        @resume_equivalent(steps=4, split=2, nproc=2)
-        def test_long(resume_equiv):
-            resume_equiv.run(sleeps_after_start)
-        """
-    )
-    started = tmp_path / "started.txt"
-    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
-    code, _ = interrupt_once_started(
-        trainers.path, [*CPU, "test_long.py"], env, started, 2, signal.SIGKILL
-    )
+    code, _ = interrupt_long_test(trainers, tmp_path, signal.SIGKILL)
     assert code == -signal.SIGKILL
     deadline = time.monotonic() + 30  # a bounded wait for the kernel's death signals
     while processes_mentioning(str(trainers.path)) and time.monotonic() < deadline:

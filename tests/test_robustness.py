@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from helpers import CPU, interrupt_once_started, processes_mentioning
+from helpers import CPU, interrupt_long_test, processes_mentioning
 
 from pytest_resume_equiv.outcomes import stuck_where
 from pytest_resume_equiv.rank.layout import log_path
@@ -136,22 +136,7 @@ def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failu
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers, tmp_path, sig):
-    trainers.makepyfile(
-        test_long="""
-        from pytest_resume_equiv import resume_equivalent
-        from trainers import sleeps_after_start
-
-        @resume_equivalent(steps=4, split=2, nproc=2)
-        def test_long(resume_equiv):
-            resume_equiv.run(sleeps_after_start)
-        """
-    )
-    started = tmp_path / "started.txt"
-    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
-    code, output = interrupt_once_started(
-        trainers.path, [*CPU, "test_long.py"], env, started, 2, sig
-    )
+    code, output = interrupt_long_test(trainers, tmp_path, sig)
     assert code == 2, output  # pytest: interrupted
     assert (
         "resume-equiv: interrupted; every launch was killed; partial run directories kept: "
