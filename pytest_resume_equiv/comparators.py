@@ -238,13 +238,12 @@ class Measured(Exact):
             # numbers within the noise at that rank, key and step (exact where it measured
             # none); a fingerprint by its statistics, since under noise its hash says nothing
             # A few runs sample the noise, they do not bound it: two of them may round alike
-            # at one step and not at the next. So a key may move by NOISE_FACTOR times the
-            # largest spread seen at that rank and step, or by NOISE_FACTOR times its largest
-            # relative spread at any step; and where two resumed processes drift in it at all
-            # (how fast a rounding-level start grows varies from one fresh process to the
-            # next), by rounding level.
+            # at one step, or in one key, and not in the next (a loss computed from weights
+            # that drift). So a key may move by NOISE_FACTOR times the largest spread seen at
+            # that rank and step, or by NOISE_FACTOR times its largest relative spread at any
+            # step, and, once the runs drift at all, by rounding level.
             relative = NOISE_FACTOR * noise.relative.get(key, 0.0)
-            if noise.source == "resumed" and noise.moves(key):
+            if noise.noisy:
                 relative = max(relative, ROUNDING)
             return relative, NOISE_FACTOR * noise.at(rank, key, step)
 
@@ -266,9 +265,8 @@ class Measured(Exact):
         within = f"tolerance {given.describe()} or " if not given.exact else ""
         return (
             f"numbers within {within}{NOISE_FACTOR:g}x the noise measured at that rank, key and "
-            "step or its largest relative spread (and at rounding level in what two resumed "
-            "processes drift in); integers, strings, sample ids, RNG states and the resume point "
-            "exactly"
+            "step or its largest relative spread, and at rounding level once the runs drift; "
+            "integers, strings, sample ids, RNG states and the resume point exactly"
         )
 
 

@@ -160,3 +160,28 @@ def test_sizes_in_words():
     assert size_words(one, near) == "relative 2.2e-16, 1 ulps: differs at rounding level"
     assert size_words(one, encode(1.5, "x")).endswith("differs materially")
     assert rounding_level(one, near) and not rounding_level(one, encode(2.0, "x"))
+
+
+def test_a_key_the_few_runs_saw_equal_may_still_drift_at_rounding_level(tmp_path):
+    """Two uninterrupted runs drifted in the weights' statistics but happened to record the
+    same loss: a loss computed from drifting weights is judged at rounding level, not bit for
+    bit; a material difference still fails."""
+    from test_compare import sig
+
+    from pytest_resume_equiv.comparators import Measured
+    from pytest_resume_equiv.noise import NoiseFacts
+
+    judge, _, _ = judge_for(tmp_path, rng_mutation=False)
+    noise = NoiseFacts(
+        "uninterrupted", spread={"0": {"norm": {"4": 1e-9}}}, relative={"norm": 1e-9}
+    )
+
+    def run(phase, steps, loss):
+        return {0: sig(0, phase, [(s, {"loss": loss(s), "norm": 1.0}) for s in steps], 1)}
+
+    base = run("uninterrupted", range(1, 7), lambda s: 0.03 * s)
+    close = run("resumed", range(4, 7), lambda s: 0.03 * s * (1 + 6.5e-8))
+    far = run("resumed", range(4, 7), lambda s: 0.03 * s * (1 + 1e-2))
+    assert Measured(judge.rules, noise).compare(base, close, SPLIT).equal
+    assert not Measured(judge.rules, noise).compare(base, far, SPLIT).equal
+    assert not Measured(judge.rules, NoiseFacts("uninterrupted")).compare(base, close, SPLIT).equal
