@@ -258,9 +258,14 @@ class RunningLaunch:
 
     def _finish(self, timed_out: bool) -> LaunchResult:
         try:
-            if any(p.poll() is None for p in self.procs):
-                self.agents.cancel(self.spec)  # stopped early: what the scheduler still runs
+            stopped_early = any(p.poll() is None for p in self.procs)
+            if stopped_early:
+                self.agents.cancel(self.spec)  # what the scheduler still runs
             kill_all(self.procs, self.spec.run_dir)
+            if not stopped_early and any(p.returncode != 0 for p in self.procs):
+                # srun returns on a failed rank while the job still completes on the
+                # other nodes: wait until the scheduler has cleaned it up
+                self.agents.cancel(self.spec)
         finally:
             for log in self._logs:
                 log.close()
