@@ -21,7 +21,7 @@ from .errors import ResumeEquivError
 from .judgement import Judgement, write_judgement
 from .launch import LaunchResult
 from .plan import PlannedLaunch
-from .rank.layout import PLUGIN_FILES, RANK_DIRS
+from .rank.layout import user_files
 from .schedule import Job, Scheduler
 from .settings import TestSettings
 from .signature import SignatureError, read_run
@@ -110,14 +110,8 @@ def read_signatures(result: LaunchResult) -> Run:
 def missing_checkpoint(planned: PlannedLaunch, source: LaunchResult) -> str:
     """Why `planned` cannot run: the checkpoint it loads was not written; what was."""
     assert planned.source is not None and planned.checkpoint is not None
-    source_dir = planned.source.spec.run_dir
-    found = []
-    for dirpath, dirnames, filenames in os.walk(source_dir):
-        dirnames[:] = [d for d in dirnames if d not in RANK_DIRS]
-        filenames = [f for f in filenames if dirpath != source_dir or f not in PLUGIN_FILES]
-        for entry in sorted(dirnames + filenames):
-            found.append(os.path.relpath(os.path.join(dirpath, entry), source_dir))
-    listing = ", ".join(sorted(found)[:12]) or "nothing but the plugin's own files"
+    found = [path for path, _ in user_files(planned.source.spec.run_dir)]
+    listing = ", ".join(found[:12]) or "nothing but the plugin's own files"
     split = planned.split
     template = planned.source.spec.context.checkpoint_template
     if source.killed_after_step:
@@ -184,7 +178,7 @@ class Judge:
         planned = job.planned
         self.outcome.launches.append(result)
         self._results[planned.name] = result
-        if not result.ok and not result.killed_after_step:
+        if not result.ok and not result.killed_after_step and not planned.may_fail:
             source = planned.source
             killed = self._results.get(source.name) if source is not None else None
             step = killed.killed_after_step if killed is not None else 0
@@ -199,6 +193,8 @@ class Judge:
     def _check_checkpoints(self, source: PlannedLaunch, result: LaunchResult) -> None:
         """Before any launch loads a checkpoint `source` wrote, it must exist."""
         for planned in self.plan.started:
+            if planned.may_fail:
+                continue  # a trainer that finds its checkpoint itself (interrupt="crash")
             if planned.source is source and not os.path.exists(planned.checkpoint or ""):
                 raise ResumeEquivError(missing_checkpoint(planned, result))
 

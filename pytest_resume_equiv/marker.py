@@ -12,7 +12,9 @@ from typing import Any, Callable, Optional
 from .errors import SettingError
 from .tolerance import Tolerance, parse_tolerance
 
-INTERRUPTS = ("continue", "stop", "kill")
+INTERRUPTS = ("continue", "stop", "kill", "crash")
+CRASH_POINTS = ("first", "middle", "last", "returned", "pointer")
+CRASH_REFUSAL = ("pass", "fail")
 NOISE = ("auto", "measure", "off")
 
 
@@ -41,6 +43,11 @@ class MarkerSpec:
     golden_checkpoint: bool = False
     """With a golden store: keep the checkpoint of each split in the golden too, and resume
     the current code from it (the compatibility check)."""
+    crash_points: Any = None
+    """interrupt="crash": None (first, middle, last, returned, pointer), "all" (every event
+    of the save, and returned), or a tuple of those names and event indexes."""
+    crash_refusal: str = "pass"
+    """interrupt="crash": whether a clean refusal of a torn checkpoint passes or fails."""
 
     @property
     def world_size(self) -> int:
@@ -162,6 +169,32 @@ def _golden_checkpoint(value: Any) -> bool:
     return value
 
 
+def _crash_points(value: Any) -> Any:
+    if value is None or value == "all":
+        return value
+    items = [value] if isinstance(value, (str, int)) else value
+    ok = isinstance(items, (list, tuple)) and items
+    for item in items if ok else ():
+        if isinstance(item, bool) or not (
+            item in CRASH_POINTS or (isinstance(item, int) and item >= 0)
+        ):
+            ok = False
+    if not ok:
+        raise _error(
+            "crash_points",
+            value,
+            f'expected "all", or a list of {", ".join(map(repr, CRASH_POINTS))} and event '
+            "indexes (ints >= 0)",
+        )
+    return tuple(items)
+
+
+def _crash_refusal(value: Any) -> str:
+    if value not in CRASH_REFUSAL:
+        raise _error("crash_refusal", value, f"supported: {', '.join(map(repr, CRASH_REFUSAL))}")
+    return value
+
+
 def _optional_int(keyword: str) -> Callable[[Any], Optional[int]]:
     parse = _int(keyword, 1)
     return lambda value: None if value is None else parse(value)
@@ -181,6 +214,8 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "chain": _chain,
     "noise": _noise,
     "golden_checkpoint": _golden_checkpoint,
+    "crash_points": _crash_points,
+    "crash_refusal": _crash_refusal,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)
@@ -243,5 +278,16 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
         raise SettingError(
             "@resume_equivalent: chain=True goes with the uninterrupted topology and "
             'interrupt="continue" (drop resume_nproc/resume_nnodes/interrupt, or chain)'
+        )
+    crash_only = [k for k in ("crash_points", "crash_refusal") if k in merged]
+    if crash_only and spec.interrupt != "crash":
+        raise SettingError(
+            f'@resume_equivalent: {crash_only[0]}= applies to interrupt="crash" only '
+            f"(interrupt={spec.interrupt!r})"
+        )
+    if spec.interrupt == "crash" and spec.topology_changes:
+        raise SettingError(
+            '@resume_equivalent: interrupt="crash" resumes on the topology that crashed '
+            "(drop resume_nproc/resume_nnodes)"
         )
     return spec

@@ -71,6 +71,9 @@ class PlannedLaunch:
     """Started only when a check asks for it (after a divergence, say)."""
     link: int = 0
     """chain=True: which resume of the chain this is (1, 2, ...); 0 outside a chain."""
+    may_fail: bool = False
+    """Its check judges how it ended, a failure too (interrupt="crash": the launch killed in
+    the save, and the resumed one, which may refuse the torn checkpoint)."""
 
     @property
     def name(self) -> str:

@@ -18,6 +18,7 @@ from .base import Check, Judging, Verdict
 from .chain import ChainLink
 from .compat import Compat, golden_only
 from .control import Control
+from .crash import Crash
 from .direct import Direct
 from .golden import GoldenTrajectory
 from .repeat import Repeat
@@ -27,6 +28,7 @@ from .topology import OtherTopology
 
 CHECKS: tuple[type[Check], ...] = (
     Resume,
+    Crash,
     ChainLink,
     OtherTopology,
     Teeth,

@@ -35,7 +35,8 @@ class Repeat(Check):
     @classmethod
     def plan(cls, planner: Planner) -> list[Check]:
         marker = planner.marker
-        if planner.settings.noise == "off" or marker.topology_changes or marker.chain:
+        crash = marker.interrupt == "crash"  # its resumes start where the trainer chooses
+        if planner.settings.noise == "off" or marker.topology_changes or marker.chain or crash:
             return []
         checks: list[Check] = []
         for split in marker.splits:

@@ -300,8 +300,8 @@ class Resume(ResumeLike):
     @classmethod
     def plan(cls, planner: Planner) -> list[Check]:
         marker = planner.marker
-        if marker.chain or marker.topology_changes:
-            return []  # the chain and topology checks plan those resumes
+        if marker.chain or marker.topology_changes or marker.interrupt == "crash":
+            return []  # the chain, topology and crash checks plan those resumes
         checks: list[Check] = []
         for split in marker.splits:
             full = uninterrupted_of(planner, split)

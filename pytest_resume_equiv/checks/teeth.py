@@ -69,6 +69,8 @@ class Teeth(Check):
         settings, marker = planner.settings, planner.marker
         if not settings.rng_mutation:
             return [cls(None, off=f"rng_mutation=False from {settings.sources['rng_mutation']}")]
+        if marker.interrupt == "crash":
+            return [cls(None, off='interrupt="crash": the crash points are the test')]
         split = next((s for g in planner.groups() for s in g if marker.steps >= s + 2), None)
         if split is None:
             return [

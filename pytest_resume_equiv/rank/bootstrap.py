@@ -232,8 +232,8 @@ def main(argv: list[str]) -> None:
     status = _run_user_code(argv, ctx)
     state.finish()
     write_status(ctx.run_dir, rank, status)
-    if ctx.host_store and ctx.world_size > 1:
-        _wait_for_peers(ctx)
+    if ctx.host_store and ctx.world_size > 1 and status.status == "ok":
+        _wait_for_peers(ctx)  # a failed rank leaves now: its peers may wait on it forever
     _leave(status.code, holding=store)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .crash import Crasher
 from .encode import encode
 from .files import Event, FileLog
 from .layout import (
@@ -83,6 +84,9 @@ class LaunchContext:
     stacks_by_file: bool = False
     """A Slurm launch: ranks dump their stacks when the run directory's request file says so
     (a rank on another host cannot be signalled)."""
+    crash: Optional[dict[str, Any]] = None
+    """interrupt="crash": the point of the save at which every rank is killed
+    (`rank/crash.py`)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -180,6 +184,7 @@ class RankState:
         self.files.listeners.append(self._file_event)
         self.early_files: list[Event] = []
         """File events before the signature was opened (written right after its header)."""
+        self.crasher: Optional[Crasher] = None
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
         self.point = ResumePoint(window)
 
@@ -199,6 +204,8 @@ class RankState:
         if writer.records == 0:  # the training has set its knobs by its first step
             writer.preflight(preflight_capture())
         self.write_pending_point()
+        if self.crasher is not None:
+            self.crasher.on_record(step)
         writer.write_step(step, encoded, self.capture())
         self.restores.after_step = self.files.after_step = step
         self.point.after_record(step, ctx.resuming, ctx.splits)
@@ -338,6 +345,9 @@ class RankState:
             self.restores.install_torch()
         self.restores.install_host()
         self.files.watch(ctx.run_dir, os.path.dirname(ctx.checkpoint) if ctx.checkpoint else None)
+        if ctx.crash is not None:
+            self.crasher = Crasher(ctx.crash, ctx.rank, ctx.splits, ctx.run_dir)
+            self.files.listeners.append(self.crasher.on_event)  # after the signature's
         self.files.install()
         self.restores.after_import("torch.distributed.checkpoint", self.files.install_dcp)
         self.restores.after_import("safetensors.torch", self.files.install_safetensors)

@@ -11,6 +11,7 @@ A run directory looks like this::
       pids/rank-<R>.pid           the rank's pid and host, so the plugin can kill ranks
                                   torchrun put in sessions of their own
       status/rank-<R>.json        how the user's code ended (RankStatus)
+      status/crashed.json         interrupt="crash": where the ranks were killed
       gate-open                   created by the plugin: a prestarted launch may run now
       launch.json, KEEP           the plugin's own notes on a shared uninterrupted launch
       dump-stacks                 created by the plugin: a timed-out launch's ranks dump stacks
@@ -63,6 +64,26 @@ PLUGIN_FILES = (
 """Files the plugin itself writes at the top of a run directory."""
 
 
+def user_files(run_dir: str) -> list[tuple[str, Optional[int]]]:
+    """What the training wrote into a run directory (not the plugin's own folders and
+    files): (path relative to it, size in bytes, or None for a folder), sorted."""
+    found: list[tuple[str, Optional[int]]] = []
+    for dirpath, dirnames, filenames in os.walk(run_dir):
+        if dirpath == run_dir:
+            dirnames[:] = [d for d in dirnames if d not in RANK_DIRS]
+            filenames = [f for f in filenames if f not in PLUGIN_FILES]
+        for name in dirnames:
+            found.append((os.path.relpath(os.path.join(dirpath, name), run_dir), None))
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                size: Optional[int] = os.path.getsize(path)
+            except OSError:
+                continue  # gone meanwhile
+            found.append((os.path.relpath(path, run_dir), size))
+    return sorted(found)
+
+
 def signature_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "signatures", f"rank-{rank}.jsonl")
 
@@ -78,6 +99,11 @@ def agent_log_path(run_dir: str, node: int) -> str:
 
 def status_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "status", f"rank-{rank}.json")
+
+
+def crash_record_path(run_dir: str) -> str:
+    """interrupt="crash": where the rank that reached the crash point says which it was."""
+    return os.path.join(run_dir, "status", "crashed.json")
 
 
 def pid_path(run_dir: str, rank: int) -> str:

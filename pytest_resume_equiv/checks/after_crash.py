@@ -1,0 +1,176 @@
+"""What the resumed run did after one crash, judged: pure, so each outcome is unit-tested
+with synthetic signatures.
+
+A trainer may resume from the newest checkpoint that had completed before the crash, or from
+the torn save's own checkpoint when it turns out complete and exact; with none completed it may
+refuse (a deliberate exit) or start over. Anything else fails: it crashed or hung on the torn
+checkpoint, it loaded a torn or mixed one (the state after loading is not the uninterrupted
+run's at that step), it lost a completed checkpoint, or it diverged afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..comparators import Comparator, Run
+from ..launch import LaunchResult
+from ..rank.layout import read_status
+from .base import Verdict
+from .resume import judge_resume
+
+EXACT, REFUSED, FAILED, NOT_REACHED = "exact", "refused", "failed", "not reached"
+LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|pytest_resume_equiv)")
+
+
+@dataclass
+class Row:
+    """One crash point of the table."""
+
+    point: str
+    where: str
+    """The event the crash launch was killed at (its crash record), or the planned one."""
+    disk: str = ""
+    resumed_from: Optional[int] = None
+    status: str = NOT_REACHED
+    why: str = ""
+    verdict: Optional[Verdict] = field(default=None, compare=False)
+    """The resume's own judgement, when one was compared."""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "point": self.point,
+            "where": self.where,
+            "disk": self.disk,
+            "resumed_from": self.resumed_from,
+            "status": self.status,
+            "why": self.why,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Row:
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k != "verdict"})
+
+
+def refused_deliberately(run_dir: str, world_size: int) -> str:
+    """A rank's own refusal (a non-zero `sys.exit`, or an exception raised in the trainer's
+    code, not in a library it called), in its words; "" when every failure came from inside a
+    library (a crash on the torn checkpoint)."""
+    for rank in range(world_size):
+        status = read_status(run_dir, rank)
+        if status is None:
+            continue
+        if status.status == "exit":
+            return f"rank {rank}: {status.message or f'exit code {status.code}'}"
+        frames = re.findall(r'File "([^"]+)", line \d+', status.traceback)
+        if status.status == "error" and frames and not LIBRARY.search(frames[-1]):
+            return f"rank {rank}: {status.message}"
+    return ""
+
+
+def _crash_text(result: LaunchResult) -> str:
+    failed = [o for o in result.ranks if not o.ok]
+    first = failed[0] if failed else None
+    if first is None:
+        return result.status
+    return f"rank {first.rank}: {first.detail}"
+
+
+def judge_after_crash(
+    row: Row,
+    result: LaunchResult,
+    reference: Run,
+    run: Optional[Run],
+    completed: list[int],
+    comparator: Comparator,
+    refusal: str,
+) -> Row:
+    """`row` with what the resumed launch did (`run`: its signatures, None if unreadable),
+    given the checkpoints that had completed before the crash (`completed`, ascending)."""
+    newest = completed[-1] if completed else None
+    lost = f"lost the completed checkpoint of step {newest}" if newest else ""
+    if result.timed_out:
+        return _set(row, FAILED, f"hung on the torn checkpoint ({_crash_text(result)})")
+    if not result.ok:
+        refused = refused_deliberately(result.spec.run_dir, result.spec.world_size)
+        if not refused:
+            return _set(row, FAILED, f"crashed on the torn checkpoint ({_crash_text(result)})")
+        if newest:
+            return _set(row, FAILED, f"refused ({refused}): {lost}")
+        return _refused(row, f"refused ({refused})", refusal)
+    firsts = {rank: sig.steps[0][0] for rank, sig in (run or {}).items() if sig.steps}
+    if not firsts:
+        return _set(row, FAILED, "recorded no step after the crash")
+    if len(set(firsts.values())) > 1:
+        where = ", ".join(f"rank {r} from step {s - 1}" for r, s in sorted(firsts.items()))
+        return _set(row, FAILED, f"its ranks resumed from different steps ({where})")
+    start = min(firsts.values()) - 1
+    row.resumed_from = start
+    assert run is not None
+    splits = reference[min(reference)].header.get("splits") or []
+    if start and start not in splits:
+        return _set(row, FAILED, f"resumed from step {start}, where no checkpoint was saved")
+    if newest and start < newest:
+        over = "started over from step 0" if start == 0 else f"resumed from step {start}"
+        return _set(row, FAILED, f"{over}: {lost}")
+    if start == 0:
+        cmp = comparator.compare(reference, run, 0)
+        if not cmp.equal:
+            row.verdict = Verdict("crash", "failed", row.point, 0, comparison=cmp)
+            return _set(
+                row, FAILED, "started over from step 0, and differs from the uninterrupted run"
+            )
+        return _refused(row, "started over from step 0", refusal)
+    return _judged(row, reference, run, start, comparator)
+
+
+def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparator) -> Row:
+    """A resume from `start`: exact from there on, the state after loading included."""
+    for sig in run.values():  # the snapshot the trainer took at its resume point
+        for point in sig.resume_points[:1]:
+            point["split"] = start
+    verdict = judge_resume(reference, run, start, comparator, "crash", f"split {start}")
+    row.verdict = verdict
+    if verdict.status == "passed":
+        return _set(row, EXACT, f"exact (resumed from step {start})")
+    held = verdict.facts[0] if verdict.facts else None
+    if held is not None and getattr(held, "failed", False):
+        return _set(
+            row,
+            FAILED,
+            f"resumed from a torn or mixed checkpoint of step {start}: the state after loading "
+            f"differs from the uninterrupted run's at step {start} ({held.words()})",
+        )
+    return _set(
+        row, FAILED, f"resumed from step {start}, then diverged ({verdict.first_difference()})"
+    )
+
+
+def _refused(row: Row, why: str, refusal: str) -> Row:
+    if refusal == "fail":
+        return _set(row, FAILED, f'{why}, and crash_refusal="fail"')
+    return _set(row, REFUSED, why)
+
+
+def _set(row: Row, status: str, why: str) -> Row:
+    row.status, row.why = status, why
+    return row
+
+
+def read_crash_record(path: str) -> Optional[dict[str, Any]]:
+    """The crash launch's record of where it was killed (JSON only), None without one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+__all__ = ["Row", "judge_after_crash", "read_crash_record"]

@@ -1,0 +1,173 @@
+"""interrupt="crash": where to kill, found in the uninterrupted run's file events, and what
+a crash left on disk.
+
+The points are the save's own events on one rank (rank 0, which writes the pointer files of
+most trainers): the first, the middle and the last, right after the save returned, and every
+pointer-file write (a file written straight into the checkpoint root, beside the step
+folders, such as `latest`). Each is named by its index in that rank's window, which the crash
+launch's ranks count the same way (`rank/crash.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from .comparators import Run
+from .errors import ResumeEquivError
+from .rank.crash import AFTER_EVENT, RETURNED, describe, in_window, relative
+from .rank.layout import user_files
+
+NAMES = ("first", "middle", "last", "returned", "pointer")
+"""The points `crash_points=` may name; None means all of them, "all" every event too."""
+WRITES = ("open", "torch.save", "os.replace", "os.rename", "os.link", "os.symlink")
+
+Choice = Union[None, str, Sequence[Union[str, int]]]
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    name: str
+    """How the report names it: "first", "last, pointer", "event 3", "returned"."""
+    rank: int
+    index: int
+    """The event's index in the rank's window (kind "returned": the last main-thread one)."""
+    kind: str
+    split: int
+    event: dict[str, Any]
+    """The uninterrupted run's event at `index`."""
+    completes: bool
+    """The save had completed when the kill came: it returned, and nothing of it runs in the
+    background."""
+
+    def to_context(self) -> dict[str, Any]:
+        return {"rank": self.rank, "index": self.index, "kind": self.kind, "split": self.split}
+
+    def where(self, run_dir: str) -> str:
+        """`rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
+        if self.kind == RETURNED:
+            return f"rank {self.rank}: after the save returned"
+        return f"rank {self.rank}: after {describe(self.event, run_dir)}"
+
+
+def window(run: Run, split: int, splits: tuple[int, ...]) -> tuple[int, list[dict[str, Any]]]:
+    """The rank whose save is split into points, and its events in the save at `split`."""
+    for rank in sorted(run):
+        events = [e for e in run[rank].files if in_window(e, split, splits)]
+        if events:
+            return rank, events
+    return 0, []
+
+
+def _pointers(events: list[dict[str, Any]]) -> list[int]:
+    """Writes of a file straight into the shallowest folder the save writes in, where the
+    others write below it (the step folders): a pointer such as `latest`."""
+    targets = []
+    for event in events:
+        target = event.get("to") or event.get("path")
+        if event.get("op") in WRITES and target and not event.get("thread"):
+            targets.append(os.path.dirname(str(target)))
+        else:
+            targets.append(None)
+    folders = [t for t in targets if t is not None]
+    if not folders:
+        return []
+    root = min(folders, key=lambda f: f.count(os.sep))
+    deeper = any(f.startswith(root + os.sep) for f in folders)
+    found = []
+    for index, (event, folder) in enumerate(zip(events, targets)):
+        target = str(event.get("to") or event.get("path"))
+        if deeper and folder == root and not os.path.isdir(target):
+            found.append(index)
+    return found
+
+
+def find_points(
+    run: Run, split: int, splits: tuple[int, ...], choice: Choice, run_dir: str
+) -> list[CrashPoint]:
+    """The crash points of the save at `split` in the uninterrupted run `run` (written in
+    `run_dir`), as `crash_points=` (`choice`) asks."""
+    rank, events = window(run, split, splits)
+    if not events:
+        raise ResumeEquivError(
+            f'interrupt="crash": the uninterrupted run logged no file event in its save at step '
+            f"{split} (files are logged under its run directory {run_dir} and the checkpoint's "
+            "folder): the trainer must save there, e.g. under checkpoint='{run_dir}/checkpoints'"
+        )
+    main = [i for i, e in enumerate(events) if not e.get("thread")]
+    background = len(main) < len(events)
+    named: dict[str, list[int]] = {
+        "first": [0],
+        "middle": [len(events) // 2],
+        "last": [len(events) - 1],
+        "pointer": _pointers(events),
+    }
+    wanted = list(NAMES) if choice is None else ["all"] if choice == "all" else list(choice)
+    points: dict[tuple[str, int], list[str]] = {}
+    for want in wanted:
+        if want == "all":
+            for index in range(len(events)):
+                points.setdefault((AFTER_EVENT, index), []).append(f"event {index}")
+            want = "returned"
+        if want == "returned":
+            if main:
+                points.setdefault((RETURNED, main[-1]), []).append("returned")
+        elif isinstance(want, int):
+            if not 0 <= want < len(events):
+                raise ResumeEquivError(
+                    f"crash_points=: event {want} does not exist; the save at step {split} has "
+                    f"{len(events)} events on rank {rank} (0 to {len(events) - 1})"
+                )
+            points.setdefault((AFTER_EVENT, want), []).append(f"event {want}")
+        else:
+            for index in named[want]:
+                points.setdefault((AFTER_EVENT, index), []).append(want)
+    return [
+        CrashPoint(
+            ", ".join(dict.fromkeys(names)),
+            rank,
+            index,
+            kind,
+            split,
+            events[index],
+            completes=kind == RETURNED and not background,
+        )
+        for (kind, index), names in sorted(points.items(), key=lambda item: item[0][1])
+    ]
+
+
+def on_disk(run_dir: str, limit: int = 10) -> str:
+    """What a crash left in the run directory: files with their sizes, grouped by folder."""
+    folders: dict[str, list[str]] = {}
+    for path, size in user_files(run_dir):
+        if size is None:
+            continue
+        folder, name = os.path.split(path)
+        folders.setdefault(folder, []).append(f"{name} {_size(size)}")
+    parts = []
+    for folder, names in sorted(folders.items()):
+        shown = names if len(names) <= 4 else [*names[:3], f"+{len(names) - 3} more"]
+        inner = ", ".join(shown)
+        parts.append(f"{folder}/{{{inner}}}" if folder else inner)
+    if not parts:
+        return "nothing"
+    more = f", +{len(parts) - limit} folders" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / 2**20:.1f} MiB"
+
+
+def crashed_where(record: Optional[dict[str, Any]], run_dir: str) -> str:
+    """The crash record's point, in the report's words."""
+    if record is None:
+        return ""
+    return f"rank {record.get('rank')}: {record.get('where', '?')}"
+
+
+__all__ = ["NAMES", "CrashPoint", "crashed_where", "find_points", "on_disk", "relative"]

@@ -1,0 +1,120 @@
+"""interrupt="crash": the rank that reaches the chosen point of the save kills every rank of
+its host with SIGKILL, as a preempted node dies in the middle of a checkpoint.
+
+Both sides share what "the save" is (`in_window`: the file events between the step before
+the split and the step after it) and how a point is named (the index of an event in one
+rank's window), so the plugin finds the points in the uninterrupted run's events and the
+crash launch's ranks count the same events. A point is either an event ("after" it happened)
+or "returned": the first `record()` after the save's last event on the main thread, with
+every background thread's file events in the window held, so an asynchronous save is still
+in flight when the kill comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any, Optional
+
+from .files import Event
+from .layout import crash_record_path, read_pids
+
+AFTER_EVENT = "event"
+RETURNED = "returned"
+
+
+def in_window(event: Event, split: int, splits: tuple[int, ...]) -> bool:
+    """Whether `event` belongs to the save at `split`: after step split-1 was recorded (unless
+    that step saved too) and before step split+1 was."""
+    after = event.get("after_step")
+    after = 0 if after is None else after
+    earliest = split if (split - 1) in splits else split - 1
+    return earliest <= after <= split
+
+
+def relative(path: str, run_dir: str) -> str:
+    """`path` as the report shows it: relative to the run directory when inside it."""
+    root = os.path.realpath(run_dir)
+    real = os.path.realpath(path)
+    return os.path.relpath(real, root) if real.startswith(root + os.sep) else real
+
+
+def describe(event: Event, run_dir: str) -> str:
+    """`os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
+    where = relative(str(event.get("path", "")), run_dir)
+    if event.get("to"):
+        where += f" -> {relative(str(event['to']), run_dir)}"
+    thread = f" in thread {event['thread']}" if event.get("thread") else ""
+    return f"{event.get('op', '?')}({where}){thread}"
+
+
+class Crasher:
+    """One rank's side of a crash launch: counts its window's events and kills at the point.
+    `point`: {"rank", "index", "kind", "split"} from the launch context."""
+
+    def __init__(self, point: dict[str, Any], rank: int, splits: tuple[int, ...], run_dir: str):
+        self.point = point
+        self.rank = rank
+        self.splits = splits
+        self.run_dir = run_dir
+        self.seen = 0
+        self.armed = False
+        """kind "returned": the save's last main-thread event has happened."""
+        self._lock = threading.Lock()
+
+    @property
+    def mine(self) -> bool:
+        return int(self.point["rank"]) == self.rank
+
+    def on_event(self, event: Event) -> None:
+        """A file event was logged (and written to the signature)."""
+        if not in_window(event, int(self.point["split"]), self.splits):
+            return
+        background = threading.current_thread() is not threading.main_thread()
+        if self.point["kind"] == RETURNED and background:
+            _hold()  # the background save never gets further: still in flight at the kill
+        if not self.mine:
+            return
+        with self._lock:
+            index, self.seen = self.seen, self.seen + 1
+        if index != int(self.point["index"]):
+            return
+        if self.point["kind"] == AFTER_EVENT:
+            self.kill(f"after {describe(event, self.run_dir)}", event)
+        else:
+            self.armed = True
+
+    def on_record(self, step: int) -> None:
+        """`record(step)` was called: past the save, once it has returned."""
+        if self.armed and self.mine:
+            self.kill(f"after the save returned, at record(step={step})", None)
+
+    def kill(self, where: str, event: Optional[Event]) -> None:
+        """Say where, then SIGKILL every rank of this host (this one last)."""
+        record = {"rank": self.rank, "where": where, "event": event, "time_ns": time.time_ns()}
+        path = crash_record_path(self.run_dir)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+        me = os.getpid()
+        for pid in read_pids(self.run_dir).values():
+            if pid != me:
+                _kill(pid)
+        _kill(me)
+
+
+def _kill(pid: int) -> None:
+    for send in (os.killpg, os.kill):
+        try:
+            send(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _hold() -> None:
+    while True:
+        time.sleep(3600)
