@@ -79,9 +79,16 @@ def _pointers(events: list[dict[str, Any]]) -> list[int]:
     found = []
     for index, (event, folder) in enumerate(zip(events, targets)):
         target = str(event.get("to") or event.get("path"))
-        if deeper and folder == root and not os.path.isdir(target):
+        if deeper and folder == root and not _folder(target, event, events):
             found.append(index)
     return found
+
+
+def _folder(target: str, event: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+    """Whether the save wrote into `target` (or into what it renamed onto it): a folder."""
+    inside = {str(target) + os.sep, str(event.get("path")) + os.sep}
+    paths = [str(e.get(k)) for e in events for k in ("path", "to") if e.get(k)]
+    return any(p.startswith(prefix) for p in paths for prefix in inside) or os.path.isdir(target)
 
 
 def find_points(

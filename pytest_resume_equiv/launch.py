@@ -56,6 +56,8 @@ class LaunchResult:
     killed_after_step: int = 0
     """interrupt="kill": the plugin SIGKILLed this launch once every rank had recorded this
     step (0: it was not killed on purpose)."""
+    crashed: str = ""
+    """interrupt="crash": where its ranks were killed inside the save, on purpose."""
     problem: str = ""
     """The launcher's own account of a failure (a run directory the nodes do not share)."""
     note: str = ""
@@ -74,7 +76,7 @@ class LaunchResult:
     @property
     def status(self) -> str:
         """ "ok", "killed as planned" (interrupt="kill"), "timed out" or "failed"."""
-        if self.killed_after_step:
+        if self.killed_after_step or self.crashed:
             return "killed as planned"
         if self.timed_out:
             return "timed out"

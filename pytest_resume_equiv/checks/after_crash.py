@@ -145,10 +145,16 @@ def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparat
             row,
             FAILED,
             f"resumed from a torn or mixed checkpoint of step {start}: the state after loading "
-            f"differs from the uninterrupted run's at step {start} ({held.words()})",
+            f"differs from the uninterrupted run's at step {start} ({_differing(held)})",
         )
     return _set(
         row, FAILED, f"resumed from step {start}, then diverged ({verdict.first_difference()})"
+    )
+
+
+def _differing(held: Any) -> str:
+    return "; ".join(
+        f"rank {rank}: {', '.join(keys[:4])}" for rank, keys in sorted(held.differing.items())
     )
 
 

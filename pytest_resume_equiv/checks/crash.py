@@ -135,10 +135,10 @@ class Crash(Check):
         run_dir = pair.crash.spec.run_dir
         record = read_crash_record(crash_record_path(run_dir))
         pair.row.disk = on_disk(run_dir)
-        if record is not None:
-            pair.row.where = crashed_where(record, run_dir)
-            return
         result = judge.result(pair.crash)
+        if record is not None:
+            pair.row.where = result.crashed = crashed_where(record, run_dir)
+            return
         how = "finished" if result.ok else f"ended ({result.status})"
         pair.row.status = "not reached"
         pair.row.why = (
