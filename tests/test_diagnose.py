@@ -283,7 +283,34 @@ def test_weights_that_equal_a_later_step_are_a_torn_checkpoint():
         res_values=lambda s: {"loss": 2.0, "rng:cpu": "c", "watch:model.params": params(s + 1)},
     )
     assert d.bug_class == "torn checkpoint"
-    assert "holds 'model' as it was after step 4" in d.cause
+    assert "holds 'model' (its parameters) as it was after step 4" in d.cause
+    assert "a staging race" in d.cause
+
+
+def test_optimizer_state_from_the_next_step_is_named_a_staging_race():
+    """pytorch#144657: the checkpoint of step 3 holds the optimizer's moments of step 4 beside
+    step 3's parameters."""
+
+    def state(step):
+        return {"0": {"step": step, "exp_avg": f"m{step}"}}
+
+    def base_values(step):
+        return {"loss": 1.0, "watch:opt.state": state(step), "watch:opt.lr": [0.1]}
+
+    optimizer = {"opt.state": state(3), "opt.lr": [0.1]}
+    base = point(watch=optimizer)
+    res = point(watch={**optimizer, "opt.state": state(4)}, restores=2)
+    log = [LOAD, restore("Optimizer.load_state_dict", "watch:opt")]
+    d = diagnosis(
+        base,
+        res,
+        log,
+        base_values=base_values,
+        res_values=lambda s: {**base_values(s + 1), "loss": 2.0},
+    )
+    assert d.bug_class == "torn checkpoint"
+    assert "holds 'opt' (its state (moments, step counts)) as it was after step 4" in d.cause
+    assert "contents are from a later step than it claims, a staging race" in d.cause
 
 
 def test_without_a_resume_point_the_first_divergent_step_decides():

@@ -335,15 +335,20 @@ def buffers_only(s: Subject) -> Optional[Diagnosis]:
 
 
 def from_other_step(s: Subject) -> Optional[Diagnosis]:
-    later = equal_to_step(s.ev, s.rank) if s.kind == "module" else None
+    part = {"module": "params", "optimizer": "state"}.get(s.kind)
+    later = equal_to_step(s.ev, s.rank, s.label, part) if part else None
     if later is None:
         return None
     if later > s.ev.split:
+        what = "its state (moments, step counts)" if part == "state" else "its parameters"
         return Diagnosis(
-            f"{s.where()}: the checkpoint saved at step {s.ev.split} holds '{s.label}' as it was "
-            f"after step {later}: it was written after training changed the tensors (a "
-            "background or asynchronous save that did not copy them first). Fix: copy the state "
-            "(or wait for the write) before the next step changes it",
+            f"{s.where()}: the checkpoint saved at step {s.ev.split} holds '{s.label}' "
+            f"({what}) as it was after step {later}: its contents are from a later step than "
+            "it claims, a staging race (the save read the live tensors after training had "
+            "changed them: a background or asynchronous save that did not copy them when it "
+            "staged). Fix: copy the state when the save starts (dcp.async_save stages a copy; a "
+            "background torch.save needs a deep copy) or wait for the write before the next "
+            "step changes it",
             "torn checkpoint",
         )
     return Diagnosis(
@@ -380,11 +385,11 @@ OBJECT_RULES: tuple[StreamRule, ...] = (
     from_other_rank,
     loader_parts,
     object_never_restored,
+    from_other_step,  # equal to another step's whole state: before what a part of it says
     optimizer_partial,
     reduced_precision,
     scheduler_shifted,
     buffers_only,
-    from_other_step,
     object_restored_wrong,
 )
 """For one subject, in the order that separates look-alikes (the last always answers)."""

@@ -130,13 +130,20 @@ def subjects(ev: Evidence, rank: int) -> list[Subject]:
     return sorted(found, key=lambda s: (1 if s.is_stream else order[s.kind], s.name))
 
 
-def equal_to_step(ev: Evidence, rank: int) -> Optional[int]:
-    """The other uninterrupted step whose end-of-step parameters the resume point equals
-    (None when the split's own are the same: no step to tell apart)."""
-    _, res = ev.points(rank)
-    for key in (k for k in point_keys(res, WATCH) if watched_part(k) == "params"):
+def equal_to_step(ev: Evidence, rank: int, label: str = "", part: str = "params") -> Optional[int]:
+    """The other uninterrupted step whose end-of-step `part` (of the watched object `label`,
+    any by default) the resume point equals (None when the split's own are the same: no step
+    to tell apart). Like with like: only where the uninterrupted run's own snapshot at the
+    split equals what it recorded at the end of that step, if it took one."""
+    base, res = ev.points(rank)
+    for key in point_keys(res, WATCH):
+        obj, found_part = watched(key)
+        if found_part != part or (label and obj != label):
+            continue
         steps = ev.base.get(rank, {})
         own = steps.get(ev.split, {}).get(key)
+        if base is not None and point_value(base, key) not in (None, own):
+            continue  # the end of a step is not the program point of the snapshot
         for step, values in sorted(steps.items()):
             if step != ev.split and values.get(key) == point_value(res, key) != own:
                 return step
