@@ -104,7 +104,11 @@ def find_points(
             "folder): the trainer must save there, e.g. under checkpoint='{run_dir}/checkpoints'"
         )
     main = [i for i, e in enumerate(events) if not e.get("thread")]
-    background = len(main) < len(events)
+    background = any(  # a write of the save still going on after the next step, too
+        e.get("thread")
+        and in_window({**e, "after_step": (e.get("after_step") or 1) - 1}, split, splits)
+        for e in run[rank].files
+    )
     named: dict[str, list[int]] = {
         "first": [0],
         "middle": [len(events) // 2],
@@ -135,13 +139,13 @@ def find_points(
         CrashPoint(
             ", ".join(dict.fromkeys(names)),
             rank,
-            index,
+            len(main) - 1 if kind == RETURNED else position,  # main-thread events only
             kind,
             split,
-            events[index],
+            events[position],
             completes=kind == RETURNED and not background,
         )
-        for (kind, index), names in sorted(points.items(), key=lambda item: item[0][1])
+        for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])
     ]
 
 

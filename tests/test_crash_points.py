@@ -286,19 +286,41 @@ def test_returned_kills_at_the_next_record_and_holds_background_writes(
 ):
     held = []
     monkeypatch.setattr(crash, "_hold", lambda: held.append(threading.current_thread().name))
-    crasher = Crasher(
-        {"rank": 0, "index": 0, "kind": "returned", "split": 4}, 0, (4,), str(tmp_path)
-    )
+    monkeypatch.setattr(crash, "HOLD_LIMIT", 0.0)
+    point = {"rank": 0, "index": 0, "kind": "returned", "split": 4}
+    crasher = Crasher(point, 0, (4,), str(tmp_path))
+
+    def background_write():
+        writer = threading.Thread(
+            target=crasher.on_event,
+            args=(event("open", str(tmp_path / "w"), thread="w"),),
+            name="w",
+        )
+        writer.start()
+        writer.join()
+
+    background_write()  # the training waits for it before its save: not held, let go
+    assert held == [] and kills == []
     crasher.on_record(4)
+    crasher.on_event(event("open", str(tmp_path / "meta.json")))  # index 0 of the main thread
     assert kills == []
-    crasher.on_event(event("open", str(tmp_path / "meta.json")))
-    writer = threading.Thread(
-        target=crasher.on_event, args=(event("open", str(tmp_path / "w"), thread="w"),), name="w"
-    )
-    writer.start()
-    writer.join()
-    assert held == ["w"] and kills == []
-    crasher.on_record(5)
+    background_write()  # the training waits for the held write: killed all the same
+    assert held == ["w"] and len(kills) == 3
+    record = json.loads((tmp_path / "status" / "crashed.json").read_text())
+    assert record["where"] == "after the save returned, while the training waited for its write"
+    kills.clear()
+    crasher.on_record(5)  # or it goes on to its next step
     assert kills[:2] == [111, 222] and len(kills) == 3  # then itself
     record = json.loads((tmp_path / "status" / "crashed.json").read_text())
     assert record["where"] == "after the save returned, at record(step=5)"
+
+
+def test_the_returned_point_counts_only_the_main_threads_events():
+    files = [
+        event("open", f"{ROOT}/step_4/model.bin", thread="writer"),
+        event("open", f"{ROOT}/latest.tmp"),
+        event("open", f"{ROOT}/step_4/optim.bin", thread="writer"),
+        event("os.replace", f"{ROOT}/latest.tmp", to=f"{ROOT}/latest"),
+    ]
+    (returned,) = find_points(saving_run(files), 4, (2, 4), ("returned",), "/runs/u")
+    assert (returned.index, returned.event["op"], returned.completes) == (1, "os.replace", False)

@@ -160,9 +160,10 @@ class Crash(Check):
             [self.split] if pair.point.completes else []
         )
         refusal = self.planner.marker.crash_refusal
-        judge_after_crash(
+        row = judge_after_crash(
             pair.row, result, judge.signatures(self.full), run, completed, judge.comparator, refusal
         )
+        row.why = row.why.replace(pair.crash.spec.run_dir + os.sep, "")  # its paths, short
 
     def conclude(self, judge: Judging) -> None:
         rows = [p.row for p in self.pairs]

@@ -44,8 +44,10 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
         behind = [(r, e) for r, e in writes if e.get("time_ns", 0) > moved_on and e.get("thread")]
         again = [(r, e) for r, e in writes if (e.get("after_step") or 0) > ev.split]
         again = [(r, e) for r, e in again if e.get("time_ns", 0) < loaded_by]
-        step = equal_to_step(ev, rank)
+        step = equal_to_step(ev, rank) or equal_to_step(ev, rank, part="state")
         state = f"; what it restored is the uninterrupted run's state after step {step}"
+        if step and step > ev.split:
+            state += ": its contents are from a later step than it claims, a staging race"
         state = state if step else ""
         if writes and (not on_time or behind):
             writer, event = (behind or writes)[0]

@@ -7,7 +7,8 @@ rank's window), so the plugin finds the points in the uninterrupted run's events
 crash launch's ranks count the same events. A point is either an event ("after" it happened)
 or "returned": the first `record()` after the save's last event on the main thread, with
 every background thread's file events in the window held, so an asynchronous save is still
-in flight when the kill comes.
+in flight when the kill comes. Its index counts the main thread's events only, which the
+held writes cannot shift.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .layout import crash_record_path, read_pids
 
 AFTER_EVENT = "event"
 RETURNED = "returned"
+HOLD_LIMIT = 5.0
+"""Seconds a held background write waits for the main thread's next `record()`."""
 
 
 def in_window(event: Event, split: int, splits: tuple[int, ...]) -> bool:
@@ -63,6 +66,8 @@ class Crasher:
         self.seen = 0
         self.armed = False
         """kind "returned": the save's last main-thread event has happened."""
+        self.started = False
+        """The save at the split has had a main-thread event on this rank."""
         self._lock = threading.Lock()
 
     @property
@@ -74,15 +79,19 @@ class Crasher:
         if not in_window(event, int(self.point["split"]), self.splits):
             return
         background = threading.current_thread() is not threading.main_thread()
-        if self.point["kind"] == RETURNED and background:
-            _hold()  # the background save never gets further: still in flight at the kill
+        returned = self.point["kind"] == RETURNED
+        if returned and background:
+            if self.saving(event):
+                self.hold()  # the save gets no further: still in flight at the kill
+            return
+        self.started = True
         if not self.mine:
             return
         with self._lock:
             index, self.seen = self.seen, self.seen + 1
         if index != int(self.point["index"]):
             return
-        if self.point["kind"] == AFTER_EVENT:
+        if not returned:
             self.kill(f"after {describe(event, self.run_dir)}", event)
         else:
             self.armed = True
@@ -91,6 +100,27 @@ class Crasher:
         """`record(step)` was called: past the save, once it has returned."""
         if self.armed and self.mine:
             self.kill(f"after the save returned, at record(step={step})", None)
+
+    def saving(self, event: Event) -> bool:
+        """Whether a background write belongs to the save at the split, not to an earlier
+        one still finishing: it came after the split's step, or after this save's first
+        main-thread event."""
+        return (event.get("after_step") or 0) >= int(self.point["split"]) or self.started
+
+    def hold(self) -> None:
+        """Hold a background write of the save until the kill. If the training waits for it
+        instead of going on to its next `record()`, the save has returned all the same: kill
+        then; if it waits before the save returned, this was not the save's write: let go."""
+        deadline = time.monotonic() + HOLD_LIMIT
+        while time.monotonic() < deadline and not self.armed:
+            time.sleep(0.02)
+        if self.armed and self.mine:
+            time.sleep(HOLD_LIMIT)  # give the training its chance to go on to record()
+            self.kill("after the save returned, while the training waited for its write", None)
+        if self.armed:
+            _hold()  # the point's rank kills this one, or has already
+        if not self.mine:  # another rank's write: until the point's rank kills this one,
+            time.sleep(4 * HOLD_LIMIT)  # unless that waits for it (a collective): let go
 
     def kill(self, where: str, event: Optional[Event]) -> None:
         """Say where, then SIGKILL every rank of this host (this one last)."""

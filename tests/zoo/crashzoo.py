@@ -1,0 +1,179 @@
+"""Trainers for interrupt="crash" (tests/test_crash.py): one loop that finds its latest
+complete checkpoint under ctx.checkpoint itself, and savers, correct and broken.
+
+Rank 0 writes the checkpoint (model.pt, optim.pt, meta.json last) while the other ranks wait
+at a barrier; data is a function of the step, so the checkpoint is the whole state.
+"""
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import pytest_resume_equiv as req
+
+
+def latest(root, trust_pointer=False):
+    """The newest complete checkpoint folder under `root`, or None."""
+    pointer = os.path.join(root, "latest")
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            name = f.read().strip()
+        if name and (trust_pointer or os.path.exists(os.path.join(root, name, "meta.json"))):
+            return os.path.join(root, name)
+    if not os.path.isdir(root):
+        return None
+    done = [n for n in os.listdir(root) if n.startswith("step_")]
+    done = [n for n in done if os.path.exists(os.path.join(root, n, "meta.json"))]
+    return os.path.join(root, max(done, key=lambda n: int(n[5:]))) if done else None
+
+
+def write_step(folder, step, model_state, optim_state):
+    os.makedirs(folder, exist_ok=True)
+    torch.save(model_state, os.path.join(folder, "model.pt"))
+    torch.save(optim_state, os.path.join(folder, "optim.pt"))
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump({"step": step}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def point_to(root, name):
+    with open(os.path.join(root, "latest.tmp"), "w") as f:
+        f.write(name)
+    os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
+
+
+def save_atomic(root, step, model, opt):
+    tmp, final = os.path.join(root, f"tmp-step_{step}"), os.path.join(root, f"step_{step}")
+    if os.path.isdir(tmp):  # what a crash left
+        shutil.rmtree(tmp)
+    write_step(tmp, step, model.state_dict(), opt.state_dict())
+    if os.path.isdir(final):  # a resumed run saving where a crash left a complete one
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    point_to(root, f"step_{step}")
+
+
+class AsyncPointerFirst:
+    """A background save whose `latest` pointer advances as soon as the save starts."""
+
+    def __init__(self):
+        self.thread = None
+
+    def __call__(self, root, step, model, opt):
+        self.wait()
+        states = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict())
+        folder = os.path.join(root, f"step_{step}")
+        self.thread = threading.Thread(target=write_step, args=(folder, step, *states))
+        self.thread.start()
+        os.makedirs(root, exist_ok=True)
+        point_to(root, f"step_{step}")  # the bug: before the data is on disk
+
+    def wait(self):
+        if self.thread is not None:
+            self.thread.join()
+
+
+def find(ctx, root, trust_pointer=False, refuse=False, wait_for_torn=False):
+    """Where to resume from (None: from the start); what a trainer does on a torn save."""
+    torn = [n for n in os.listdir(root) if n.startswith("tmp-")] if os.path.isdir(root) else []
+    found = latest(root, trust_pointer)
+    if torn and refuse and found is None:
+        sys.exit(f"refusing to start: {root}/{torn[0]} is an incomplete checkpoint")
+    while torn and wait_for_torn and ctx.rank == 0:
+        time.sleep(0.1)  # "another process is still writing it": it never finishes
+    return found
+
+
+def train(ctx, save=save_atomic, **finding):
+    ctx.init_process_group()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    req.watch(model=model, optimizer=opt)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    found = find(ctx, root, **finding)
+    dist.barrier()  # a rank that waits for a torn save holds every rank here
+    start = 0
+    if found:
+        model.load_state_dict(torch.load(os.path.join(found, "model.pt"), weights_only=True))
+        opt.load_state_dict(torch.load(os.path.join(found, "optim.pt"), weights_only=True))
+        with open(os.path.join(found, "meta.json")) as f:
+            start = json.load(f)["step"]
+    for step in range(start + 1, ctx.steps + 1):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        opt.step()
+        req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
+        if step in ctx.splits:
+            if rank == 0:
+                save(root, step, model, opt)
+            dist.barrier()
+    getattr(save, "wait", lambda: None)()
+    dist.destroy_process_group()
+
+
+def train_atomic(ctx):
+    train(ctx)
+
+
+def train_refuses(ctx):
+    train(ctx, refuse=True)
+
+
+def train_waits_for_torn(ctx):
+    train(ctx, wait_for_torn=True)
+
+
+def train_async_pointer_first(ctx):
+    train(ctx, save=AsyncPointerFirst(), trust_pointer=True)
+
+
+def train_staging_race(ctx):
+    """pytorch#144657: the background save copies the model but not the optimizer state, and
+    writes once the next step has changed it: the checkpoint of step s holds step s+1's
+    momentum beside step s's weights."""
+    ctx.init_process_group()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    req.watch(model=model, optimizer=opt)
+    start = 0
+    if ctx.resuming:
+        model.load_state_dict(
+            torch.load(os.path.join(ctx.checkpoint, "model.pt"), weights_only=True)
+        )
+        opt.load_state_dict(torch.load(os.path.join(ctx.checkpoint, "optim.pt"), weights_only=True))
+        start = ctx.split
+    staged = None
+    for step in range(start + 1, ctx.steps + 1):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        opt.step()
+        req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
+        if staged is not None:  # the write runs now, after this step changed the momentum
+            write_step(*staged, opt.state_dict())
+            staged = None
+        if ctx.should_save(step) and rank == 0:
+            model_copy = {k: v.clone() for k, v in model.state_dict().items()}
+            staged = (ctx.checkpoint_for(step), step, model_copy)
+        dist.barrier()
+    dist.destroy_process_group()
