@@ -17,7 +17,6 @@ from ..rank.layout import (
     target_covers,
     target_file,
     watched,
-    watched_part,
 )
 from ..rank.loader import SECTIONS as LOADER_SECTIONS
 from ..rank.restore import is_load, is_seed
