@@ -211,6 +211,8 @@ class Judge:
     def start(self, launch: PlannedLaunch) -> None:
         if launch.name not in self._started:
             self._started.add(launch.name)
+            if all(p is not launch for p in self.plan.launches):
+                self.plan.launches.append(launch)  # planned as the run went (crash points)
             self.scheduler.add(launch)
 
     def cancel(self, launch: PlannedLaunch) -> None:
