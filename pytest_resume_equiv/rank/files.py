@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from .layout import PLUGIN_FILES, RANK_DIRS
+from .wrapping import Wrapper
 
 Event = dict[str, Any]
 """One event: `op`, `path` (and `to` for a rename or link), `after_step` (the last step
@@ -39,8 +40,7 @@ class FileLog:
         self.roots: list[str] = []
         self.after_step: Any = None
         self.listeners: list[Callable[[Event], None]] = []
-        self._depth = threading.local()
-        self._wrapped: list[tuple[Any, str, Any]] = []
+        self._calls = Wrapper()
 
     def watch(self, *folders: Optional[str]) -> None:
         """Log events inside `folders` (a folder that does not exist yet is fine)."""
@@ -86,30 +86,16 @@ class FileLog:
         """Replace `owner.name` with a function that logs `op` on `paths(*args, **kwargs)`
         ((path,) or (path, to), or () for nothing to log) after the call returns: the event is
         what happened, not what was tried."""
-        original = getattr(owner, name, None)
-        if original is None or any(o is owner and n == name for o, n, _ in self._wrapped):
-            return
-        depth, log = self._depth, self.log
 
-        def logged(*args: Any, **kwargs: Any) -> Any:
-            outer = getattr(depth, "n", 0)
-            depth.n = outer + 1
+        def logged(*args: Any, **kwargs: Any) -> None:
             try:
-                result = original(*args, **kwargs)
-            finally:
-                depth.n = outer
-            if outer == 0:
-                try:
-                    found = paths(*args, **kwargs)
-                except Exception:  # naming is best effort: the call itself happened
-                    found = ()
-                if found:
-                    log(op, *found)
-            return result
+                found = paths(*args, **kwargs)
+            except Exception:  # naming is best effort: the call itself happened
+                found = ()
+            if found:
+                self.log(op, *found)
 
-        logged.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(owner, name, logged)
-        self._wrapped.append((owner, name, original))
+        self._calls.wrap(owner, name, logged)
 
     def install(self) -> None:
         """Wrap the calls that write files (the savers of torch, DCP and safetensors once
@@ -134,9 +120,7 @@ class FileLog:
         self._wrap(module, "save_file", "safetensors.torch.save_file", lambda t, f, *r, **k: (f,))
 
     def uninstall(self) -> None:
-        for owner, name, original in reversed(self._wrapped):
-            setattr(owner, name, original)
-        self._wrapped.clear()
+        self._calls.unwrap()
 
 
 def _path_of(path: Any) -> Optional[str]:

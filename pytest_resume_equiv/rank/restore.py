@@ -12,18 +12,17 @@ calls `load_state_dict`). Outside a test run nothing is wrapped.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.abc
 import importlib.util
 import os
 import sys
-import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any, Callable
 
 from .layout import ALL_DEVICES, DEVICE_KINDS, device_stream, file_target, stream_key
 from .trace import called_from_torch, user_frame
+from .wrapping import Wrapper
 
 Entry = dict[str, Any]
 """One restore: `call`, `what` (the audit's name of what it restored), `at` (the user's
@@ -64,27 +63,27 @@ class RestoreLog:
         """The last step recorded so far (None before the first): where a restore happens."""
         self.listeners: list[Callable[[Entry], None]] = []
         """Called with each entry (the resume point opens its draw trace at a restore)."""
-        self._depth = threading.local()
-        self._wrapped: dict[str, tuple[Any, str, Any]] = {}
-        """What `_wrap` replaced: (owner, attribute, original), for `uninstall`."""
+        self._calls = Wrapper()
+        """What `_wrap` replaced, for `uninstall`, and how deep in a logged call we are."""
         self._families: list[type] = []
         self._after_import = _AfterImport()
 
     @property
     def nested(self) -> bool:
         """Inside a logged restore call, or in code the plugin runs `unlogged()`."""
-        return getattr(self._depth, "n", 0) > 0
+        return self._calls.nested
 
     @contextlib.contextmanager
     def unlogged(self) -> Iterator[None]:
         """Restore calls made by the plugin itself (seeding, the teeth check) are not the
         user's."""
-        depth = getattr(self._depth, "n", 0)
-        self._depth.n = depth + 1
+        depth = self._calls.depth
+        outer = getattr(depth, "n", 0)
+        depth.n = outer + 1
         try:
             yield
         finally:
-            self._depth.n = depth
+            depth.n = outer
 
     def log(self, call: str, what: Any) -> None:
         """Record one restore: `what` is the audit's name, or a weak reference to the object."""
@@ -120,32 +119,17 @@ class RestoreLog:
         `users_only`: not when torch itself called it (an RNG state that activation
         checkpointing's recompute, `fork_rng` or DTensor's RNG tracker puts back is no
         restore of the user's)."""
-        key = f"{id(owner)}.{attribute}"
-        original = getattr(owner, attribute, None)
-        if original is None or key in self._wrapped:
-            return
-        depth = self._depth
 
-        @functools.wraps(original)
-        def logged(*args: Any, **kwargs: Any) -> Any:
-            outer = getattr(depth, "n", 0)
-            bookkeeping = outer == 0 and users_only and called_from_torch(2)
-            depth.n = outer + 1
+        def logged(*args: Any, **kwargs: Any) -> None:
             try:
-                result = original(*args, **kwargs)
-            finally:
-                depth.n = outer
-            if outer == 0 and not bookkeeping:
-                try:
-                    names = what(*args, **kwargs)
-                except Exception:  # naming is best effort: the restore itself happened
-                    names = "?"
-                for name in names if isinstance(names, list) else [names]:
-                    self.log(call, name)
-            return result
+                names = what(*args, **kwargs)
+            except Exception:  # naming is best effort: the restore itself happened
+                names = "?"
+            for name in names if isinstance(names, list) else [names]:
+                self.log(call, name)
 
-        setattr(owner, attribute, logged)
-        self._wrapped[key] = (owner, attribute, original)
+        bookkeeping = (lambda: called_from_torch(3)) if users_only else None
+        self._calls.wrap(owner, attribute, logged, skip=bookkeeping)
 
     def install_torch(self) -> None:
         """Wrap torch's restore functions (the bootstrap calls it once torch is imported)."""
@@ -263,9 +247,7 @@ class RestoreLog:
 
     def uninstall(self) -> None:
         """Put every wrapped function back (a rank never needs it; a test process does)."""
-        for owner, attribute, original in self._wrapped.values():
-            setattr(owner, attribute, original)
-        self._wrapped.clear()
+        self._calls.unwrap()
         for base in self._families:
             delattr(base, "__init_subclass__")
         self._families.clear()
