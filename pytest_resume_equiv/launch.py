@@ -153,11 +153,9 @@ def dump_stacks(run_dir: str, by_file: bool = False) -> None:
 
 def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
     """Kill the agents' process groups and every rank's own group; wait for the agents."""
-    for pid in read_pids(run_dir).values():
-        if _is_our_rank(pid):
-            _signal_group(pid, signal.SIGKILL)
-    for proc in procs:
-        _signal_group(proc.pid, signal.SIGKILL)
+    ranks = [pid for pid in read_pids(run_dir).values() if _is_our_rank(pid)]
+    for pgid in [*ranks, *(proc.pid for proc in procs)]:  # all at once: no rank outlives
+        _signal_group(pgid, signal.SIGKILL)  # a peer long enough to report it gone
     for proc in procs:
         try:
             proc.wait(timeout=10)

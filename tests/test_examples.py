@@ -62,7 +62,7 @@ def test_examples_collect_together(pytester):
     """The README's main job runs every example in one session: names must not collide."""
     shutil.copytree(EXAMPLES, pytester.path / "examples")
     result = pytester.runpytest_subprocess(*CPU, "--collect-only", "-q", "examples")
-    result.stdout.fnmatch_lines(["*17 tests collected*"])
+    result.stdout.fnmatch_lines(["*21 tests collected*"])
     assert result.ret == 0
 
 
@@ -122,3 +122,22 @@ def test_golden_example(pytester, monkeypatch):
     text = init.stdout.str()
     assert "split 2: equal on its one rank over 2 steps" in text  # its own resume is fine
     assert "checkpoint compatibility, split 2: equal on its one rank" in text
+
+
+@pytest.mark.long(150)
+def test_crash_examples(pytester):
+    """An atomic saver passes at every crash point; each of its three twins is caught at the
+    point that breaks it, with the event named."""
+    shutil.copytree(EXAMPLES / "crash", pytester.path / "crash")
+    result = pytester.runpytest_subprocess(*CPU, "-rP", "crash")
+    result.assert_outcomes(passed=4)
+    text = result.stdout.str()
+    atomic = section_of(text, "test_an_atomic_save_survives_a_crash_at_every_point")
+    assert "crash at split 4 passed (6 exact)" in atomic
+    assert "rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)" in atomic
+    for name, phrase in [
+        ("test_saving_in_place_is_caught", "resumed from a torn or mixed checkpoint of step 2"),
+        ("test_writing_latest_before_the_data_is_caught", "crashed on the torn checkpoint"),
+        ("test_deleting_the_previous_checkpoint_first_is_caught", "lost the completed checkpoint"),
+    ]:
+        assert phrase in section_of(text, name), name
