@@ -91,13 +91,30 @@ def find(ctx, root, trust_pointer=False, refuse=False, wait_for_torn=False):
     return found
 
 
-def train(ctx, save=save_atomic, **finding):
+def setup(ctx):
     ctx.init_process_group()
-    rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     req.watch(model=model, optimizer=opt)
+    return dist.get_rank(), model, opt
+
+
+def train_step(model, opt, step, rank):
+    """One step on data that is a function of the step and the rank; recorded."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    opt.step()
+    req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
+
+
+def train(ctx, save=save_atomic, **finding):
+    rank, model, opt = setup(ctx)
     root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
     found = find(ctx, root, **finding)
     dist.barrier()  # a rank that waits for a torn save holds every rank here
@@ -108,15 +125,7 @@ def train(ctx, save=save_atomic, **finding):
         with open(os.path.join(found, "meta.json")) as f:
             start = json.load(f)["step"]
     for step in range(start + 1, ctx.steps + 1):
-        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + rank))
-        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
-        opt.step()
-        req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
+        train_step(model, opt, step, rank)
         if step in ctx.splits:
             if rank == 0:
                 save(root, step, model, opt)
@@ -145,12 +154,7 @@ def train_staging_race(ctx):
     """pytorch#144657: the background save copies the model but not the optimizer state, and
     writes once the next step has changed it: the checkpoint of step s holds step s+1's
     momentum beside step s's weights."""
-    ctx.init_process_group()
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    req.watch(model=model, optimizer=opt)
+    rank, model, opt = setup(ctx)
     start = 0
     if ctx.resuming:
         model.load_state_dict(
@@ -160,15 +164,7 @@ def train_staging_race(ctx):
         start = ctx.split
     staged = None
     for step in range(start + 1, ctx.steps + 1):
-        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + rank))
-        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
-        opt.step()
-        req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
+        train_step(model, opt, step, rank)
         if staged is not None:  # the write runs now, after this step changed the momentum
             write_step(*staged, opt.state_dict())
             staged = None
