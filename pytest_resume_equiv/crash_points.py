@@ -151,16 +151,19 @@ def find_points(
 
 def on_disk(run_dir: str, limit: int = 10) -> str:
     """What a crash left in the run directory: files with their sizes, grouped by folder."""
-    folders: dict[str, list[str]] = {}
+    folders: dict[str, list[tuple[str, int]]] = {}
     for path, size in user_files(run_dir):
-        if size is None:
-            continue
-        folder, name = os.path.split(path)
-        folders.setdefault(folder, []).append(f"{name} {_size(size)}")
+        if size is not None:
+            folder, name = os.path.split(path)
+            folders.setdefault(folder, []).append((name, size))
     parts = []
-    for folder, names in sorted(folders.items()):
-        shown = names if len(names) <= 4 else [*names[:3], f"+{len(names) - 3} more"]
-        inner = ", ".join(shown)
+    for folder, files in sorted(folders.items()):
+        # an empty file is often what a crash left half-written: never hidden
+        shown = [f for f in files if f[1] == 0] + [f for f in files if f[1]]
+        shown = shown if len(shown) <= 8 else shown[:7]
+        inner = ", ".join(f"{name} {_size(size)}" for name, size in shown)
+        if len(shown) < len(files):
+            inner += f", +{len(files) - len(shown)} more"
         parts.append(f"{folder}/{{{inner}}}" if folder else inner)
     if not parts:
         return "nothing"

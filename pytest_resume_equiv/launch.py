@@ -58,6 +58,9 @@ class LaunchResult:
     step (0: it was not killed on purpose)."""
     crashed: str = ""
     """interrupt="crash": where its ranks were killed inside the save, on purpose."""
+    judged: str = ""
+    """interrupt="crash": a failure its check judged to be what the trainer should do (a
+    clean refusal of a torn checkpoint), in a word for the launch's line."""
     problem: str = ""
     """The launcher's own account of a failure (a run directory the nodes do not share)."""
     note: str = ""

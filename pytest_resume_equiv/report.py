@@ -46,6 +46,7 @@ def format_plan_summary(outcome: Outcome) -> str:
         status = (
             result.status.upper() if result.status in ("failed", "timed out") else result.status
         )
+        status = f"{result.status} ({result.judged})" if result.judged else status
         reused = f" (reused: run for {result.reused})" if result.reused else ""
         lines.append(
             f"{result.spec.name}: {count(result.spec.world_size, 'rank')}, {result.duration:.1f}s, "

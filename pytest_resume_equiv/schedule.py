@@ -209,6 +209,8 @@ class Scheduler:
         where = f"step {recorded}/{ctx.steps} recorded on every rank"
         if not recorded and ctx.phase in ("resumed", "teeth") and ctx.split is not None:
             where = f"resuming after step {ctx.split} (to {ctx.steps}), no step recorded yet"
+            if job.planned.may_fail:  # interrupt="crash": the trainer finds where
+                where = "resuming from what the crash left, no step recorded yet"
         self.on_progress(
             f"{spec.name} ({count(spec.world_size, 'rank')}): {event}, {where}, {elapsed:.1f}s"
         )

@@ -22,6 +22,7 @@ from .base import Verdict
 from .resume import judge_resume
 
 EXACT, REFUSED, FAILED, NOT_REACHED = "exact", "refused", "failed", "not reached"
+TORN = "resumed from a torn or mixed checkpoint"
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|pytest_resume_equiv)")
 
 
@@ -144,7 +145,7 @@ def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparat
         return _set(
             row,
             FAILED,
-            f"resumed from a torn or mixed checkpoint of step {start}: the state after loading "
+            f"{TORN} of step {start}: the state after loading "
             f"differs from the uninterrupted run's at step {start} ({_differing(held)})",
         )
     return _set(

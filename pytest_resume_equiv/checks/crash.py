@@ -15,10 +15,11 @@ from typing import Any, Optional
 
 from .. import facts
 from ..crash_points import CrashPoint, crashed_where, find_points, on_disk
+from ..diagnose import Diagnosis
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import crash_record_path
-from .after_crash import EXACT, REFUSED, Row, judge_after_crash, read_crash_record
+from .after_crash import EXACT, REFUSED, TORN, Row, judge_after_crash, read_crash_record
 from .base import Check, Judging, Verdict
 from .launches import one_group, uninterrupted_of
 from .resume import ResumeLike
@@ -27,6 +28,18 @@ GROUPS = (
     'interrupt="crash" needs one uninterrupted launch that saves at every split, but the '
     "command differs per split (it uses {split}); use {splits}, or ctx.should_save(step)"
 )
+
+
+def torn_cause(row: Row) -> Diagnosis:
+    """A resume from what a crash left half-written: every part that differs after loading
+    comes from it, so no one object's restore is to blame."""
+    return Diagnosis(
+        f"the resumed run loaded a checkpoint the crash at '{row.point}' ({row.where}) left "
+        "torn or mixed (parts of it from different saves, or missing). Fix: write each "
+        "checkpoint into a temporary folder and rename it once complete, write pointer files "
+        "last, and on resume load only a checkpoint that is complete",
+        "torn checkpoint",
+    )
 
 
 @facts.fact("crash_table")
@@ -164,6 +177,8 @@ class Crash(Check):
             pair.row, result, judge.signatures(self.full), run, completed, judge.comparator, refusal
         )
         row.why = row.why.replace(pair.crash.spec.run_dir + os.sep, "")  # its paths, short
+        if row.status == REFUSED and not result.ok:
+            result.judged = "a clean refusal: passes"
 
     def conclude(self, judge: Judging) -> None:
         rows = [p.row for p in self.pairs]
@@ -171,6 +186,9 @@ class Crash(Check):
         reached = [r for r in rows if r.status != "not reached"]
         status = "failed" if failing is not None or not reached else "passed"
         judged = (failing or self.pairs[0]).row.verdict if self.pairs else None
+        diagnosis = judged.diagnosis if judged is not None and failing else None
+        if failing is not None and failing.row.why.startswith(TORN):
+            diagnosis = torn_cause(failing.row)  # the crash, not one object, explains it
         verdict = Verdict(
             self.kind,
             status,
@@ -178,7 +196,7 @@ class Crash(Check):
             self.split,
             why="" if reached else "no crash point was reached",
             comparison=judged.comparison if judged is not None and failing else None,
-            diagnosis=judged.diagnosis if judged is not None and failing else None,
+            diagnosis=diagnosis,
             facts=[CrashTable(self.split, rows), *(judged.facts if judged and failing else [])],
             primary=True,
             launch=(failing or self.pairs[0]).resumed.name if self.pairs else "",
