@@ -249,7 +249,6 @@ def main() -> None:
     if args.metrics and rank == 0:
         with open(args.metrics, "w") as f:
             json.dump(losses, f)
-    dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 
