@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 from .comparators import Run
 from .errors import ResumeEquivError
-from .rank.crash import AFTER_EVENT, RETURNED, describe, in_window, relative
+from .rank.crash import AFTER_EVENT, RETURNED, WRITTEN, describe, in_window, relative
 from .rank.layout import user_files
 
 NAMES = ("first", "middle", "last", "returned", "pointer")
@@ -49,6 +49,9 @@ class CrashPoint:
         """`rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
         if self.kind == RETURNED:
             return f"rank {self.rank}: after the save returned"
+        if self.kind == WRITTEN:
+            where = relative(str(self.event.get("path", "")), run_dir)
+            return f"rank {self.rank}: after writing {where}"
         return f"rank {self.rank}: after {describe(self.event, run_dir)}"
 
 
@@ -134,7 +137,9 @@ def find_points(
             points.setdefault((AFTER_EVENT, want), []).append(f"event {want}")
         else:
             for index in named[want]:
-                points.setdefault((AFTER_EVENT, index), []).append(want)
+                opened = want == "pointer" and events[index].get("op") == "open"
+                kind = WRITTEN if opened else AFTER_EVENT  # a pointer: once it is written
+                points.setdefault((kind, index), []).append(want)
     return [
         CrashPoint(
             ", ".join(dict.fromkeys(names)),

@@ -63,6 +63,7 @@ def test_crash_points(pytester):
         "-> EXACT: exact (resumed from step 2)",
         "last, pointer  rank 0: after os.replace(checkpoints/latest.tmp -> checkpoints/latest)",
         "returned       rank 0: after the save returned, at record(step=5)",
+        "pointer        rank 0: after writing checkpoints/latest.tmp (closed, before the next file call)",
         "-> EXACT: exact (resumed from step 4)",
     ]:
         assert line in atomic, line

@@ -67,7 +67,7 @@ def test_the_default_points_are_first_middle_last_returned_and_pointer_writes():
     assert names(points) == [
         ("first", "event", 0),
         ("middle", "event", 3),
-        ("pointer", "event", 4),
+        ("pointer", "written", 4),
         ("last, pointer", "event", 5),
         ("returned", "returned", 5),
     ]
@@ -76,6 +76,7 @@ def test_the_default_points_are_first_middle_last_returned_and_pointer_writes():
         "rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)"
     )
     assert where["returned"] == "rank 0: after the save returned"
+    assert where["pointer"] == "rank 0: after writing checkpoints/latest.tmp"
     assert [p.completes for p in points] == [False, False, False, False, True]
     assert points[0].to_context() == {"rank": 0, "index": 0, "kind": "event", "split": 4}
 
@@ -324,3 +325,15 @@ def test_the_returned_point_counts_only_the_main_threads_events():
     ]
     (returned,) = find_points(saving_run(files), 4, (2, 4), ("returned",), "/runs/u")
     assert (returned.index, returned.event["op"], returned.completes) == (1, "os.replace", False)
+
+
+def test_a_pointer_file_is_killed_at_once_written(kills, tmp_path):
+    crasher = Crasher(
+        {"rank": 0, "index": 0, "kind": "written", "split": 4}, 0, (4,), str(tmp_path)
+    )
+    crasher.on_event(event("open", str(tmp_path / "latest")))
+    assert kills == []  # being written
+    crasher.before_call()  # the next file call: it has been closed
+    assert len(kills) == 3
+    record = json.loads((tmp_path / "status" / "crashed.json").read_text())
+    assert record["where"] == "after writing latest (closed, before the next file call)"

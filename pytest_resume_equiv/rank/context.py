@@ -348,6 +348,7 @@ class RankState:
         if ctx.crash is not None:
             self.crasher = Crasher(ctx.crash, ctx.rank, ctx.splits, ctx.run_dir)
             self.files.listeners.append(self.crasher.on_event)  # after the signature's
+            self.files.before_listeners.append(self.crasher.before_call)
         self.files.install()
         self.restores.after_import("torch.distributed.checkpoint", self.files.install_dcp)
         self.restores.after_import("safetensors.torch", self.files.install_safetensors)

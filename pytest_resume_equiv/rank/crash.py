@@ -24,6 +24,8 @@ from .files import Event
 from .layout import crash_record_path, read_pids
 
 AFTER_EVENT = "event"
+WRITTEN = "written"
+"""A file opened for writing, killed once written: at the next file call or record()."""
 RETURNED = "returned"
 HOLD_LIMIT = 5.0
 """Seconds a held background write waits for the main thread's next `record()`."""
@@ -66,6 +68,8 @@ class Crasher:
         self.seen = 0
         self.armed = False
         """kind "returned": the save's last main-thread event has happened."""
+        self.written: Optional[Event] = None
+        """kind "written": the file opened at the point, now being written."""
         self.started = False
         """The save at the split has had a main-thread event on this rank."""
         self._lock = threading.Lock()
@@ -91,13 +95,23 @@ class Crasher:
             index, self.seen = self.seen, self.seen + 1
         if index != int(self.point["index"]):
             return
-        if not returned:
+        if self.point["kind"] == WRITTEN:
+            self.written = event
+        elif not returned:
             self.kill(f"after {describe(event, self.run_dir)}", event)
         else:
             self.armed = True
 
+    def before_call(self) -> None:
+        """A file call starts: a file opened for writing at the point has been written."""
+        if self.written is not None and threading.current_thread() is threading.main_thread():
+            where = relative(str(self.written.get("path", "")), self.run_dir)
+            self.kill(f"after writing {where} (closed, before the next file call)", self.written)
+
     def on_record(self, step: int) -> None:
         """`record(step)` was called: past the save, once it has returned."""
+        if self.written is not None:
+            self.before_call()
         if self.armed and self.mine:
             self.kill(f"after the save returned, at record(step={step})", None)
 
@@ -124,6 +138,7 @@ class Crasher:
 
     def kill(self, where: str, event: Optional[Event]) -> None:
         """Say where, then SIGKILL every rank of this host (this one last)."""
+        self.written = None  # its own record is no file of the save
         record = {"rank": self.rank, "where": where, "event": event, "time_ns": time.time_ns()}
         path = crash_record_path(self.run_dir)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)

@@ -40,6 +40,8 @@ class FileLog:
         self.roots: list[str] = []
         self.after_step: Any = None
         self.listeners: list[Callable[[Event], None]] = []
+        self.before_listeners: list[Callable[[], None]] = []
+        """Called before each file call (a file written before it has been closed)."""
         self._calls = Wrapper()
 
     def watch(self, *folders: Optional[str]) -> None:
@@ -95,7 +97,11 @@ class FileLog:
             if found:
                 self.log(op, *found)
 
-        self._calls.wrap(owner, name, logged)
+        self._calls.wrap(owner, name, logged, before=self._before)
+
+    def _before(self) -> None:
+        for listener in self.before_listeners:
+            listener()
 
     def install(self) -> None:
         """Wrap the calls that write files (the savers of torch, DCP and safetensors once

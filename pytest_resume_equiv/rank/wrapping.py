@@ -30,10 +30,12 @@ class Wrapper:
         attribute: str,
         report: Callable[..., None],
         skip: Optional[Callable[[], bool]] = None,
+        before: Optional[Callable[[], None]] = None,
     ) -> None:
         """Replace `owner.attribute`: after the original returns, the outermost call runs
         `report(*args, **kwargs)` (what happened, not what was tried) unless `skip()`, asked
-        before the call, says it is none of the log's business."""
+        before the call, says it is none of the log's business; `before()` runs first in an
+        outermost call (what happened up to it is over)."""
         key = f"{id(owner)}.{attribute}"
         original = getattr(owner, attribute, None)
         if original is None or key in self.wrapped:
@@ -43,6 +45,8 @@ class Wrapper:
         @functools.wraps(original)
         def watched(*args: Any, **kwargs: Any) -> Any:
             outer = getattr(depth, "n", 0)
+            if outer == 0 and before is not None:
+                before()
             skipped = outer == 0 and skip is not None and skip()
             depth.n = outer + 1
             try:
