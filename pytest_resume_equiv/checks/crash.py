@@ -71,6 +71,10 @@ class CrashTable:
         return cls(int(data["split"]), [Row.from_json(r) for r in data["rows"]])
 
 
+def _table(verdict: Verdict) -> Optional[CrashTable]:
+    return next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+
+
 @dataclasses.dataclass
 class Pair:
     point: CrashPoint
@@ -216,7 +220,7 @@ class Crash(Check):
 
     @classmethod
     def headline(cls, verdict: Verdict) -> list[str]:
-        table = next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+        table = _table(verdict)
         if table is None:
             return super().headline(verdict)
         counts: dict[str, int] = {}
@@ -229,7 +233,7 @@ class Crash(Check):
     def proved(cls, verdict: Verdict) -> str:
         if verdict.status != "passed":
             return ""
-        table = next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+        table = _table(verdict)
         rows = table.rows if table else []
         exact = sum(r.status == EXACT for r in rows)
         refused = sum(r.status == REFUSED for r in rows)
@@ -238,7 +242,7 @@ class Crash(Check):
     @classmethod
     def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
         """The table, then the first failing point: why, and its resume's own judgement."""
-        table = next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+        table = _table(verdict)
         lines = table.lines(verdict.label) if table else [f"{verdict.label} failed"]
         if verdict.why:
             lines.append(f"  {verdict.why}")
@@ -255,7 +259,7 @@ class Crash(Check):
 
     @classmethod
     def words(cls, verdict: Verdict) -> str:
-        table = next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+        table = _table(verdict)
         failing = next((r for r in table.rows if r.failed), None) if table else None
         if failing is None:
             return f"{verdict.label}: {verdict.why}"

@@ -77,13 +77,8 @@ class RestoreLog:
     def unlogged(self) -> Iterator[None]:
         """Restore calls made by the plugin itself (seeding, the teeth check) are not the
         user's."""
-        depth = self._calls.depth
-        outer = getattr(depth, "n", 0)
-        depth.n = outer + 1
-        try:
+        with self._calls.unreported():
             yield
-        finally:
-            depth.n = outer
 
     def log(self, call: str, what: Any) -> None:
         """Record one restore: `what` is the audit's name, or a weak reference to the object."""

@@ -7,8 +7,10 @@ The restore log (`restore.py`) and the file-event log (`files.py`) both watch ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 
@@ -23,6 +25,16 @@ class Wrapper:
     def nested(self) -> bool:
         """Inside a watched call of this thread now."""
         return getattr(self.depth, "n", 0) > 0
+
+    @contextlib.contextmanager
+    def unreported(self) -> Iterator[None]:
+        """Watched calls made in here are nested ones: not reported (the plugin's own)."""
+        outer = getattr(self.depth, "n", 0)
+        self.depth.n = outer + 1
+        try:
+            yield
+        finally:
+            self.depth.n = outer
 
     def wrap(
         self,
