@@ -107,9 +107,8 @@ def find_points(
             "folder): the trainer must save there, e.g. under checkpoint='{run_dir}/checkpoints'"
         )
     main = [i for i, e in enumerate(events) if not e.get("thread")]
-    background = any(  # a write of the save still going on after the next step, too
-        e.get("thread")
-        and in_window({**e, "after_step": (e.get("after_step") or 1) - 1}, split, splits)
+    background = any(  # a write of the save, also one still going on after the next step
+        e.get("thread") and (in_window(e, split, splits) or e.get("after_step") == split + 1)
         for e in run[rank].files
     )
     named: dict[str, list[int]] = {

@@ -337,3 +337,15 @@ def test_a_pointer_file_is_killed_at_once_written(kills, tmp_path):
     assert len(kills) == 3
     record = json.loads((tmp_path / "status" / "crashed.json").read_text())
     assert record["where"] == "after writing latest (closed, before the next file call)"
+
+
+def test_a_background_write_of_the_save_counts_whichever_step_it_follows():
+    """A trainer that saves before it records: the save's writer thread logs after step
+    split-1; one still writing after the next step logs after split+1."""
+    for after in (3, 5):
+        files = [
+            event("open", f"{ROOT}/step_4/meta.json"),
+            event("open", f"{ROOT}/step_4/model.bin", after=after, thread="writer"),
+        ]
+        (returned,) = find_points(saving_run(files), 4, (2, 4), ("returned",), "/runs/u")
+        assert not returned.completes, after
