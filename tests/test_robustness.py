@@ -113,10 +113,12 @@ def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failu
     )
     result = trainers.runpytest_subprocess(*CPU, "-k", "test_resume")
     result.assert_outcomes(passed=1, warnings=1, deselected=1)
+    # the rank that aborts first is named SIGABRT; its peer may abort too or be stopped by the
+    # agent first (SIGTERM), a race CI saw, so the line is matched on any rank that aborted
     result.stdout.fnmatch_lines(
         [
             "*ResumeEquivWarning: * rank(s) died during interpreter shutdown after their work was "
-            "done and their signatures were closed, so the comparison stands: uninterrupted rank 0: "
+            "done and their signatures were closed, so the comparison stands: uninterrupted rank *: "
             "finished its work and closed its signature, then died during interpreter shutdown "
             "(killed by SIGABRT)*",
         ]
