@@ -4,8 +4,8 @@ a crash left on disk.
 The points are the save's own events on one rank (rank 0, which writes the pointer files of
 most trainers): the first, the middle and the last, right after the save returned, and every
 pointer-file write (a file written straight into the checkpoint root, beside the step
-folders, such as `latest`). Each is named by its index in that rank's window, which the crash
-launch's ranks count the same way (`rank/crash.py`).
+folders, such as `latest`). Each is named by its index among that rank's window's events of
+its kind of thread, which the crash launch's ranks count the same way (`rank/crash.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,16 @@ from typing import Any, Optional, Union
 
 from .comparators import Run
 from .errors import ResumeEquivError
-from .rank.crash import AFTER_EVENT, RETURNED, WRITTEN, describe, in_window, relative
+from .rank.crash import (
+    AFTER_EVENT,
+    RETURNED,
+    WRITTEN,
+    describe,
+    foreign_folders,
+    relative,
+    save_events,
+    thread_kind,
+)
 from .rank.layout import user_files
 
 NAMES = ("first", "middle", "last", "returned", "pointer")
@@ -33,9 +42,15 @@ class CrashPoint:
     """How the report names it: "first", "last, pointer", "event 3", "returned"."""
     rank: int
     index: int
-    """The event's index in the rank's window (kind "returned": the last main-thread one)."""
+    """The event's index among the window's events of its `thread` kind (kind "returned":
+    the last main-thread one)."""
+    thread: str
+    """"main" or "background" (`rank.crash.thread_kind`)."""
     kind: str
     split: int
+    foreign: tuple[str, ...]
+    """The folders whose background writes before the save began are the save before's
+    (`rank.crash.foreign_folders`)."""
     event: dict[str, Any]
     """The uninterrupted run's event at `index`."""
     completes: bool
@@ -43,7 +58,14 @@ class CrashPoint:
     background."""
 
     def to_context(self) -> dict[str, Any]:
-        return {"rank": self.rank, "index": self.index, "kind": self.kind, "split": self.split}
+        return {
+            "rank": self.rank,
+            "index": self.index,
+            "thread": self.thread,
+            "kind": self.kind,
+            "split": self.split,
+            "foreign": list(self.foreign),
+        }
 
     def where(self, run_dir: str) -> str:
         """`rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
@@ -55,10 +77,12 @@ class CrashPoint:
         return f"rank {self.rank}: after {describe(self.event, run_dir)}"
 
 
-def window(run: Run, split: int, splits: tuple[int, ...]) -> tuple[int, list[dict[str, Any]]]:
+def window(
+    run: Run, split: int, splits: tuple[int, ...], run_dir: str
+) -> tuple[int, list[dict[str, Any]]]:
     """The rank whose save is split into points, and its events in the save at `split`."""
     for rank in sorted(run):
-        events = [e for e in run[rank].files if in_window(e, split, splits)]
+        events = save_events(run[rank].files, split, splits, run_dir)
         if events:
             return rank, events
     return 0, []
@@ -99,7 +123,7 @@ def find_points(
 ) -> list[CrashPoint]:
     """The crash points of the save at `split` in the uninterrupted run `run` (written in
     `run_dir`), as `crash_points=` (`choice`) asks."""
-    rank, events = window(run, split, splits)
+    rank, events = window(run, split, splits, run_dir)
     if not events:
         raise ResumeEquivError(
             f'interrupt="crash": the uninterrupted run logged no file event in its save at step '
@@ -107,10 +131,7 @@ def find_points(
             "folder): the trainer must save there, e.g. under checkpoint='{run_dir}/checkpoints'"
         )
     main = [i for i, e in enumerate(events) if not e.get("thread")]
-    background = any(  # a write of the save, also one still going on after the next step
-        e.get("thread") and (in_window(e, split, splits) or e.get("after_step") == split + 1)
-        for e in run[rank].files
-    )
+    background = len(main) < len(events)  # a write of the save in a thread
     named: dict[str, list[int]] = {
         "first": [0],
         "middle": [len(events) // 2],
@@ -143,14 +164,22 @@ def find_points(
         CrashPoint(
             ", ".join(dict.fromkeys(names)),
             rank,
-            len(main) - 1 if kind == RETURNED else position,  # main-thread events only
+            _kind_index(events, position),
+            thread_kind(events[position]),
             kind,
             split,
+            foreign_folders(run[rank].files, split, splits, run_dir),
             events[position],
             completes=kind == RETURNED and not background,
         )
         for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])
     ]
+
+
+def _kind_index(events: list[dict[str, Any]], position: int) -> int:
+    """The index of `events[position]` among the events of its kind of thread."""
+    kind = thread_kind(events[position])
+    return sum(1 for e in events[:position] if thread_kind(e) == kind)
 
 
 def on_disk(run_dir: str, limit: int = 10) -> str:

@@ -42,6 +42,11 @@ def test_async_pointer_first(resume_equiv):
     resume_equiv.run(crashzoo.train_async_pointer_first, checkpoint=ROOT)
 
 
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["first", "last"])
+def test_dcp_async(resume_equiv):
+    resume_equiv.run(crashzoo.train_dcp_async, checkpoint=ROOT)
+
+
 @resume_equivalent(steps=5, split=3, rng_mutation=False)
 def test_staging_race(resume_equiv):
     resume_equiv.run(crashzoo.train_staging_race)
@@ -54,7 +59,7 @@ def test_crash_points(pytester):
     pytester.makepyfile(test_crashes=TESTS)
     result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
     text = result.stdout.str()
-    result.assert_outcomes(passed=2, failed=4)
+    result.assert_outcomes(passed=3, failed=4)
 
     atomic = section_of(text, "test_atomic")
     assert "crash at split 4 passed (5 exact)" in atomic, atomic
@@ -87,6 +92,19 @@ def test_crash_points(pytester):
     late = section_of(text, "test_async_pointer_first")
     assert "returned  rank 0: after the save returned, at record(step=5)" in late
     assert "-> FAILED: crashed on the torn checkpoint (rank 0: FileNotFoundError:" in late
+
+    # the step-2 save's writes that DCP's thread finishes during steps 3 and 4 are not the
+    # step-4 save's first points, and its .metadata, written during step 5, is its last
+    dcp = section_of(text, "test_dcp_async")
+    assert "crash at split 4 passed (2 exact)" in dcp, dcp
+    for line in [
+        "first  rank 0: after torch.distributed.checkpoint.async_save(checkpoints/step_4)",
+        "-> EXACT: exact (resumed from step 2)",
+        "last   rank 0: after os.rename(checkpoints/step_4/.metadata.tmp -> "
+        "checkpoints/step_4/.metadata) in thread AsyncCheckpointExecutor_0",
+        "-> EXACT: exact (resumed from step 4)",
+    ]:
+        assert line in dcp, line
 
     race = section_of(text, "test_staging_race")
     assert "likely cause (torn checkpoint): rank 0: the checkpoint at " in race

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from pytest_resume_equiv import facts
+from pytest_resume_equiv.checks import after_crash
 from pytest_resume_equiv.checks.after_crash import Row, judge_after_crash
 from pytest_resume_equiv.checks.base import Verdict
 from pytest_resume_equiv.checks.crash import CrashTable
@@ -78,7 +79,14 @@ def test_the_default_points_are_first_middle_last_returned_and_pointer_writes():
     assert where["returned"] == "rank 0: after the save returned"
     assert where["pointer"] == "rank 0: after writing checkpoints/latest.tmp"
     assert [p.completes for p in points] == [False, False, False, False, True]
-    assert points[0].to_context() == {"rank": 0, "index": 0, "kind": "event", "split": 4}
+    assert points[0].to_context() == {
+        "rank": 0,
+        "index": 0,
+        "thread": "main",
+        "kind": "event",
+        "split": 4,
+        "foreign": [],
+    }
 
 
 def test_crash_points_limits_or_widens_the_set():
@@ -215,6 +223,29 @@ def test_a_deliberate_exit_is_a_refusal_and_a_library_error_a_crash(tmp_path):
     assert judged(tmp_path, None, completed=(), ok=False).status == "refused"
 
 
+def test_an_error_holding_every_ranks_traceback_reads_as_one_line(tmp_path):
+    """DCP's CheckpointException, as a trial printed it: its text holds each rank's traceback."""
+    gathered = "CheckpointException: CheckpointException ranks:dict_keys([0, 1])\n" + "".join(
+        f"Traceback (most recent call last): (RANK {r})\n"
+        '  File "/venv/site-packages/torch/distributed/checkpoint/utils.py", line 193\n'
+        "    local_data = map_fun()\n"
+        f"AssertionError: metadata is None; global metadata read failed: rank {r}\n"
+        for r in (0, 1)
+    )
+    library = 'File "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/utils.py"'
+    write_status(launch(tmp_path).spec.run_dir, 0, RankStatus("error", 1, gathered, library))
+    row = judged(tmp_path, None, completed=(), ok=False, detail=gathered)
+    assert row.why == (
+        "crashed on the torn checkpoint (rank 0: CheckpointException: CheckpointException "
+        "ranks:dict_keys([0, 1]) ... AssertionError: metadata is None; global metadata read "
+        "failed: rank 1)"
+    )
+    assert (
+        after_crash.one_line("x" * 400).endswith("...")
+        and len(after_crash.one_line("x" * 400)) == 300
+    )
+
+
 def test_a_resumed_run_that_hangs_fails_with_where_it_was_stuck(tmp_path):
     row = judged(tmp_path, None, ok=False, timed_out=True, detail="stuck in train.py:9 in load")
     assert (row.status, row.why) == (
@@ -349,3 +380,99 @@ def test_a_background_write_of_the_save_counts_whichever_step_it_follows():
         ]
         (returned,) = find_points(saving_run(files), 4, (2, 4), ("returned",), "/runs/u")
         assert not returned.completes, after
+
+
+# DCP's async_save, as a trial logged it: the save of step 2 finishes in its writer thread
+# during steps 3 and 4, before the save of step 4 begins; that one finishes during step 5
+DCP = [
+    event("torch.distributed.checkpoint.async_save", f"{ROOT}/step_2", after=2),
+    event("open", f"{ROOT}/step_2/__0_0.distcp", after=3, thread="AsyncCheckpointExecutor_0"),
+    event("os.fsync", f"{ROOT}/step_2/__0_0.distcp", after=3, thread="AsyncCheckpointExecutor_0"),
+    event("os.rename", f"{ROOT}/step_2/.metadata.tmp", to=f"{ROOT}/step_2/.metadata", thread="A"),
+    event("torch.distributed.checkpoint.async_save", f"{ROOT}/step_4"),
+    event("open", f"{ROOT}/step_4/__0_0.distcp", thread="AsyncCheckpointExecutor_0"),
+    event("open", f"{ROOT}/step_4/.metadata.tmp", after=5, thread="AsyncCheckpointExecutor_0"),
+    event(
+        "os.rename",
+        f"{ROOT}/step_4/.metadata.tmp",
+        to=f"{ROOT}/step_4/.metadata",
+        after=5,
+        thread="AsyncCheckpointExecutor_0",
+    ),
+]
+
+
+def test_an_async_save_is_its_own_writes_not_the_tail_of_the_save_before():
+    """Counted by the steps alone, the save at 4 began with step 2's writes (a crash there
+    left no checkpoint, read as 'lost the completed checkpoint of step 2') and missed its own
+    last ones (the .metadata that completes it, written after step 5)."""
+    assert crash.save_events(DCP, 4, (2, 4), "/runs/u") == DCP[4:]
+    assert (
+        crash.save_events(DCP, 2, (2, 4), "/runs/u") == DCP[:4]
+    )  # ends where the save at 4 begins
+    points = find_points(saving_run(DCP), 4, (2, 4), None, "/runs/u")
+    assert [(p.name, p.thread, p.index) for p in points] == [
+        ("first", "main", 0),
+        ("returned", "main", 0),
+        ("middle", "background", 1),
+        ("last", "background", 2),
+    ]
+    assert not any(p.completes for p in points)
+    assert {p.foreign for p in points} == {("checkpoints/step_2",)}  # as the run dir names it
+
+
+def test_a_save_wholly_in_a_thread_is_bounded_by_the_steps():
+    files = [
+        event("open", f"{ROOT}/step_2/model.bin", after=3, thread="w"),  # the save before
+        event("open", f"{ROOT}/step_4/model.bin", thread="w"),
+        event("open", f"{ROOT}/step_4/meta.json", after=5, thread="w"),  # after the next step
+    ]
+    # from the step before the split on: a write of the save before, logged after step 3,
+    # cannot be told from one of this save begun before record(4); to the run's end
+    assert crash.save_events(files, 4, (2, 4), "/runs/u") == files
+    assert crash.save_events(files, 2, (2, 4), "/runs/u") == []  # it is the save at 4's, not both
+    last = find_points(saving_run(files), 4, (2, 4), ("last",), "/runs/u")
+    assert [(p.thread, p.index, p.foreign) for p in last] == [("background", 2, ())]
+
+
+def test_a_background_point_counts_background_events_however_they_interleave(
+    kills, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(crash.os, "getpid", lambda: 111)
+    point = {"rank": 0, "index": 1, "thread": "background", "kind": "event", "split": 4}
+    # as find_points found it (a folder outside the run directory keeps its whole path)
+    point["foreign"] = [f"{ROOT}/step_2"]
+    crasher = Crasher(point, 0, (2, 4), str(tmp_path))
+    log = [(e, e.get("thread")) for e in DCP]
+    log.insert(6, (event("open", str(tmp_path / "metrics.json"), after=5), None))
+    for e, _ in log[:6]:  # step 2's tail is not counted; step 4's first write is index 0
+        crasher.on_event(e)
+    assert kills == []
+    crasher.on_event(log[6][0])  # a main-thread write after the save: no shift
+    assert kills == []
+    crasher.on_event(log[7][0])
+    assert kills == [222, 111]
+    record = json.loads((tmp_path / "status" / "crashed.json").read_text())
+    assert record["where"].startswith("after open(") and ".metadata.tmp" in record["where"]
+
+
+def test_a_thread_the_save_starts_before_its_first_main_thread_write_is_the_saves():
+    """AsyncPointerFirst: the writer of step 4 runs before the main thread moves `latest`; it
+    writes its own folder, not the save before's, so it is this save's and held at returned."""
+    files = [
+        event("torch.save", f"{ROOT}/step_2/model.pt", after=2, thread="w2"),
+        event("open", f"{ROOT}/latest.tmp", after=2),
+        event("os.replace", f"{ROOT}/latest.tmp", after=2, to=f"{ROOT}/latest"),
+        event("torch.save", f"{ROOT}/step_2/optim.pt", after=2, thread="w2"),
+        event("torch.save", f"{ROOT}/step_4/model.pt", thread="w4"),
+        event("open", f"{ROOT}/latest.tmp"),
+        event("os.replace", f"{ROOT}/latest.tmp", to=f"{ROOT}/latest"),
+        event("torch.save", f"{ROOT}/step_4/optim.pt", thread="w4"),
+    ]
+    assert crash.save_events(files, 4, (2, 4), "/runs/u") == files[4:]
+    (returned,) = find_points(saving_run(files), 4, (2, 4), ("returned",), "/runs/u")
+    assert (returned.index, returned.foreign, returned.completes) == (
+        1,
+        ("checkpoints/step_2",),
+        False,
+    )

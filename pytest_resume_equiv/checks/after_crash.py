@@ -23,6 +23,7 @@ from .resume import judge_resume
 
 EXACT, REFUSED, FAILED, NOT_REACHED = "exact", "refused", "failed", "not reached"
 TORN = "resumed from a torn or mixed checkpoint"
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|pytest_resume_equiv)")
 
 
@@ -68,10 +69,10 @@ def refused_deliberately(run_dir: str, world_size: int) -> str:
         if status is None:
             continue
         if status.status == "exit":
-            return f"rank {rank}: {status.message or f'exit code {status.code}'}"
+            return f"rank {rank}: {one_line(status.message) or f'exit code {status.code}'}"
         frames = re.findall(r'File "([^"]+)", line \d+', status.traceback)
         if status.status == "error" and frames and not LIBRARY.search(frames[-1]):
-            return f"rank {rank}: {status.message}"
+            return f"rank {rank}: {one_line(status.message)}"
     return ""
 
 
@@ -80,7 +81,19 @@ def _crash_text(result: LaunchResult) -> str:
     first = failed[0] if failed else None
     if first is None:
         return result.status
-    return f"rank {first.rank}: {first.detail}"
+    return f"rank {first.rank}: {one_line(first.detail)}"
+
+
+def one_line(message: str, limit: int = 300) -> str:
+    """A message for one row of the table: an exception whose text holds other tracebacks
+    (DCP's CheckpointException gathers every rank's) reads as its first line and the last
+    error named in it; the whole is in the resumed run's logs/."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    errors = [line for line in lines[1:] if ERROR_LINE.match(line)]
+    text = lines[0] + (f" ... {errors[-1]}" if errors else " ..." if len(lines) > 1 else "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def judge_after_crash(

@@ -1,14 +1,14 @@
 """interrupt="crash": the rank that reaches the chosen point of the save kills every rank of
 its host with SIGKILL, as a preempted node dies in the middle of a checkpoint.
 
-Both sides share what "the save" is (`in_window`: the file events between the step before
-the split and the step after it) and how a point is named (the index of an event in one
-rank's window), so the plugin finds the points in the uninterrupted run's events and the
-crash launch's ranks count the same events. A point is either an event ("after" it happened)
-or "returned": the first `record()` after the save's last event on the main thread, with
-every background thread's file events in the window held, so an asynchronous save is still
-in flight when the kill comes. Its index counts the main thread's events only, which the
-held writes cannot shift.
+Both sides share what "the save" is (`SaveWindow`) and how a point is named (the index of an
+event among the window's events of its kind of thread, main or background, on one rank), so
+the plugin finds the points in the uninterrupted run's events and the crash launch's ranks
+count the same events; counting the two kinds apart keeps the index whatever order a writer
+thread's events interleave with the main thread's in. A point is either an event ("after" it
+happened) or "returned": the first `record()` after the save's last event on the main thread,
+with every background write of the save held, so an asynchronous save is still in flight
+when the kill comes.
 """
 
 from __future__ import annotations
@@ -34,10 +34,107 @@ HOLD_LIMIT = 5.0
 def in_window(event: Event, split: int, splits: tuple[int, ...]) -> bool:
     """Whether `event` belongs to the save at `split`: after step split-1 was recorded (unless
     that step saved too) and before step split+1 was."""
+    return earliest_step(split, splits) <= _after(event) <= split
+
+
+def earliest_step(split: int, splits: tuple[int, ...]) -> int:
+    """The first `after_step` an event of the save at `split` may have."""
+    return split if (split - 1) in splits else split - 1
+
+
+def _after(event: Event) -> int:
     after = event.get("after_step")
-    after = 0 if after is None else after
-    earliest = split if (split - 1) in splits else split - 1
-    return earliest <= after <= split
+    return 0 if after is None else int(after)
+
+
+class SaveWindow:
+    """Which of one rank's file events, taken in the order they were logged, belong to the
+    save at `split`.
+
+    The main thread's: those between the step before the split and the step after it
+    (`in_window`). A background thread's, once the save's first main-thread event was logged:
+    every one up to the next split's save, however many steps the writer lags behind (DCP's
+    `async_save` finishes steps later). Before it (or in a save with no main-thread event at
+    all), from the step before the split on, unless the write goes into a folder that only
+    the save before wrote into from a thread (`foreign`, found in the uninterrupted run): the
+    tail of that save, which DCP's thread finishes during the next steps, is not this one's,
+    while a thread this save started before its first main-thread file call is. Folders are
+    named relative to the run directory (`run_dir`), so the uninterrupted run's apply to a
+    crash launch's."""
+
+    def __init__(
+        self,
+        split: int,
+        splits: tuple[int, ...],
+        run_dir: str,
+        foreign: tuple[str, ...] = (),
+        before_start: bool = True,
+    ):
+        self.split = split
+        self.run_dir = run_dir
+        self.splits = splits
+        self.foreign = frozenset(foreign)
+        self.before_start = before_start
+        """Whether background writes before the save's first main-thread event may count."""
+        later = [s for s in splits if s > split]
+        self.end = earliest_step(min(later), splits) if later else None
+        self.started = False
+        """The save's first main-thread event has been logged."""
+        self.ended = False
+        """The next split's save has begun on the main thread."""
+
+    def admit(self, event: Event) -> bool:
+        if not event.get("thread"):
+            if in_window(event, self.split, self.splits):
+                self.started = True
+                return True
+            if self.started and self.end is not None:
+                self.ended = self.ended or _after(event) >= self.end
+            return False
+        if self.ended or self.started:
+            return not self.ended
+        after = _after(event)
+        return (
+            self.before_start
+            and earliest_step(self.split, self.splits) <= after
+            and (self.end is None or after < self.end)
+            and relative(os.path.dirname(str(event.get("path", ""))), self.run_dir)
+            not in self.foreign
+        )
+
+
+def save_events(
+    events: list[Event], split: int, splits: tuple[int, ...], run_dir: str
+) -> list[Event]:
+    """The events of one rank's whole log (in its order, written in `run_dir`) that belong
+    to the save at `split`."""
+    window = SaveWindow(split, splits, run_dir, foreign_folders(events, split, splits, run_dir))
+    return [e for e in events if window.admit(e)]
+
+
+def foreign_folders(
+    events: list[Event], split: int, splits: tuple[int, ...], run_dir: str
+) -> tuple[str, ...]:
+    """The folders the save before `split` wrote into from a thread and this save does not
+    write into once begun: a background write there, before this save began, is that one's."""
+    earlier = [s for s in splits if s < split]
+    if not earlier:
+        return ()
+    before = [e for e in save_events(events, max(earlier), splits, run_dir) if e.get("thread")]
+    begun = SaveWindow(split, splits, run_dir, before_start=False)
+    mine = {folder for e in events if begun.admit(e) for folder in _folders(e)}
+    theirs = {os.path.dirname(str(e.get("path", ""))) for e in before}
+    return tuple(sorted(relative(f, run_dir) for f in theirs - mine))
+
+
+def _folders(event: Event) -> set[str]:
+    paths = [str(event[key]) for key in ("path", "to") if event.get(key)]
+    return {*paths, *(os.path.dirname(p) for p in paths)}
+
+
+def thread_kind(event: Event) -> str:
+    """How a point names the thread an event was logged on: "main" or "background"."""
+    return "background" if event.get("thread") else "main"
 
 
 def relative(path: str, run_dir: str) -> str:
@@ -58,20 +155,20 @@ def describe(event: Event, run_dir: str) -> str:
 
 class Crasher:
     """One rank's side of a crash launch: counts its window's events and kills at the point.
-    `point`: {"rank", "index", "kind", "split"} from the launch context."""
+    `point`: {"rank", "index", "thread", "kind", "split", "foreign"} from the launch
+    context ("thread" and "foreign" default to "main" and none)."""
 
     def __init__(self, point: dict[str, Any], rank: int, splits: tuple[int, ...], run_dir: str):
         self.point = point
         self.rank = rank
-        self.splits = splits
         self.run_dir = run_dir
-        self.seen = 0
+        foreign = tuple(point.get("foreign", ()))
+        self.window = SaveWindow(int(point["split"]), splits, run_dir, foreign)
+        self.seen = {"main": 0, "background": 0}
         self.armed = False
         """kind "returned": the save's last main-thread event has happened."""
         self.written: Optional[Event] = None
         """kind "written": the file opened at the point, now being written."""
-        self.started = False
-        """The save at the split has had a main-thread event on this rank."""
         self._lock = threading.Lock()
 
     @property
@@ -80,21 +177,20 @@ class Crasher:
 
     def on_event(self, event: Event) -> None:
         """A file event was logged (and written to the signature)."""
-        if not in_window(event, int(self.point["split"]), self.splits):
-            return
-        background = threading.current_thread() is not threading.main_thread()
-        returned = self.point["kind"] == RETURNED
-        if returned and background:
-            if self.saving(event):
-                self.hold()  # the save gets no further: still in flight at the kill
-            return
-        self.started = True
-        if not self.mine:
-            return
+        kind = thread_kind(event)
         with self._lock:
-            index, self.seen = self.seen, self.seen + 1
+            if not self.window.admit(event):
+                return
+            index = self.seen[kind]
+            self.seen[kind] += 1
+        if self.point["kind"] == RETURNED and kind == "background":
+            self.hold()  # the save gets no further: still in flight at the kill
+            return
+        if not self.mine or kind != self.point.get("thread", "main"):
+            return
         if index != int(self.point["index"]):
             return
+        returned = self.point["kind"] == RETURNED
         if self.point["kind"] == WRITTEN:
             self.written = event
         elif not returned:
@@ -114,12 +210,6 @@ class Crasher:
             self.before_call()
         if self.armed and self.mine:
             self.kill(f"after the save returned, at record(step={step})", None)
-
-    def saving(self, event: Event) -> bool:
-        """Whether a background write belongs to the save at the split, not to an earlier
-        one still finishing: it came after the split's step, or after this save's first
-        main-thread event."""
-        return (event.get("after_step") or 0) >= int(self.point["split"]) or self.started
 
     def hold(self) -> None:
         """Hold a background write of the save until the kill. If the training waits for it

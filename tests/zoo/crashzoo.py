@@ -150,6 +150,51 @@ def train_async_pointer_first(ctx):
     train(ctx, save=AsyncPointerFirst(), trust_pointer=True)
 
 
+def train_dcp_async(ctx):
+    """FSDP2 with DCP's async_save, as torchtitan saves: the writes run in DCP's executor
+    thread, on a process group of their own, while training goes on; a save is waited for
+    before the next one and at the end. A folder is complete once DCP wrote its .metadata."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    ctx.init_process_group()
+    saves = dist.new_group(backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    req.watch(model=model, optimizer=opt)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    done = [n for n in os.listdir(root) if n.startswith("step_")] if os.path.isdir(root) else []
+    done = [n for n in done if os.path.exists(os.path.join(root, n, ".metadata"))]
+    start = max((int(n[5:]) for n in done), default=0)
+    if start:
+        model_state, opt_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": opt_state}
+        dcp.load(state, checkpoint_id=os.path.join(root, f"step_{start}"))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    pending = None
+    for step in range(start + 1, ctx.steps + 1):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * step + dist.get_rank()))
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        req.record(step, loss=loss.item())
+        if step in ctx.splits:
+            if pending is not None:
+                pending.result()
+            model_state, opt_state = get_state_dict(model, opt)
+            folder = os.path.join(root, f"step_{step}")
+            state = {"model": model_state, "optim": opt_state}
+            pending = dcp.async_save(state, checkpoint_id=folder, process_group=saves)
+    if pending is not None:
+        pending.result()
+    dist.destroy_process_group()
+
+
 def train_staging_race(ctx):
     """pytorch#144657: the background save copies the model but not the optimizer state, and
     writes once the next step has changed it: the checkpoint of step s holds step s+1's
