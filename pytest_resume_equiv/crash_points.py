@@ -132,6 +132,7 @@ def find_points(
         )
     main = [i for i, e in enumerate(events) if not e.get("thread")]
     background = len(main) < len(events)  # a write of the save in a thread
+    foreign = foreign_folders(run[rank].files, split, splits, run_dir)
     named: dict[str, list[int]] = {
         "first": [0],
         "middle": [len(events) // 2],
@@ -168,7 +169,7 @@ def find_points(
             thread_kind(events[position]),
             kind,
             split,
-            foreign_folders(run[rank].files, split, splits, run_dir),
+            foreign,
             events[position],
             completes=kind == RETURNED and not background,
         )

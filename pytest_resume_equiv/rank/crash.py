@@ -91,7 +91,7 @@ class SaveWindow:
             if self.started and self.end is not None:
                 self.ended = self.ended or _after(event) >= self.end
             return False
-        if self.ended or self.started:
+        if self.started:
             return not self.ended
         after = _after(event)
         return (
@@ -183,20 +183,20 @@ class Crasher:
                 return
             index = self.seen[kind]
             self.seen[kind] += 1
-        if self.point["kind"] == RETURNED and kind == "background":
+        point_kind = self.point["kind"]
+        if point_kind == RETURNED and kind == "background":
             self.hold()  # the save gets no further: still in flight at the kill
             return
         if not self.mine or kind != self.point.get("thread", "main"):
             return
         if index != int(self.point["index"]):
             return
-        returned = self.point["kind"] == RETURNED
-        if self.point["kind"] == WRITTEN:
+        if point_kind == WRITTEN:
             self.written = event
-        elif not returned:
-            self.kill(f"after {describe(event, self.run_dir)}", event)
-        else:
+        elif point_kind == RETURNED:
             self.armed = True
+        else:
+            self.kill(f"after {describe(event, self.run_dir)}", event)
 
     def before_call(self) -> None:
         """A file call starts: a file opened for writing at the point has been written."""
