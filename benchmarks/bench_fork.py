@@ -21,8 +21,8 @@ from common import ROOT, machine, median_of, table
 
 sys.path.insert(0, ROOT)
 
-from pytest_resume_equiv.forked import ForkServer  # noqa: E402
-from pytest_resume_equiv.launch import LaunchSpec, Target, launch  # noqa: E402
+from pytest_resume_equiv.launch.forked import ForkServer  # noqa: E402
+from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch  # noqa: E402
 from pytest_resume_equiv.rank.context import LaunchContext  # noqa: E402
 
 TRAIN = os.path.join(ROOT, "examples", "minimal", "train.py")

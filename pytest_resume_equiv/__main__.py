@@ -22,14 +22,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Optional
 
+from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
-from .checks.topology import judge_topology
-from .comparators import Rules, comparator_for
-from .judgement import Judgement, JudgementError, read_judgement
+from .compare.comparators import Rules, comparator_for
+from .compare.tolerance import ToleranceRule
 from .rank.layout import is_audit_key
-from .relax import ToleranceRule
-from .signature import Signature, SignatureError, read_run
-from .values import readable
+from .report.replay import Judgement, JudgementError, read_judgement
+from .signature import Signature, SignatureError, read_run, readable
 
 EQUAL, DIVERGED, BAD_INPUT = 0, 1, 2
 

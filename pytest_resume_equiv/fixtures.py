@@ -13,29 +13,29 @@ from typing import Callable, Optional
 
 import pytest
 
-from .agents import launcher_named, launcher_of
 from .checks import Plan, build_plan
-from .devices import Device
 from .errors import ResumeEquivError, ResumeEquivWarning
 from .golden import GoldenTarget
 from .judge import LaunchFailed, Outcome, run_plan
-from .launch import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
+from .launch.agents import launcher_named, launcher_of
+from .launch.devices import Device
+from .launch.resources import Launcher, LeaseWait, parallelism, with_lease
+from .launch.running import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
+from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
-from .plot import plot_split
 from .rank.context import LaunchContext
-from .records import RunRecord, TestRecord
-from .report import (
+from .report.plot import plot_split
+from .report.records import RunRecord, TestRecord
+from .report.text import (
     format_launch_failure,
     format_outcome,
     format_plan_summary,
     format_shutdown_deaths,
     outcome_failure,
 )
-from .resources import Launcher, LeaseWait, parallelism, with_lease
 from .schedule import Scheduler
 from .settings import TestSettings
 from .signature import Signature, read_run
-from .targets import Command, target_of
 
 ROLE_WORDS = {
     "uninterrupted": "uninterrupted",

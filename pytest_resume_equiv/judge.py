@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .checks import Plan, Verdict, kind_of
-from .comparators import Rules, Run, comparator_for
-from .compare import Comparison
+from .compare.comparators import Rules, Run, comparator_for
+from .compare.diff import Comparison
 from .errors import ResumeEquivError
-from .judgement import Judgement, write_judgement
-from .launch import LaunchResult
+from .launch.running import LaunchResult
 from .plan import PlannedLaunch
 from .rank.layout import user_files
+from .report.replay import Judgement, write_judgement
 from .schedule import Job, Scheduler
 from .settings import TestSettings
 from .signature import SignatureError, read_run

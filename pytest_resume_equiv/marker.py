@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .compare.tolerance import Tolerance, parse_tolerance
 from .errors import SettingError
-from .tolerance import Tolerance, parse_tolerance
 
 INTERRUPTS = ("continue", "stop", "kill", "crash")
 CRASH_POINTS = ("first", "middle", "last", "returned", "pointer")

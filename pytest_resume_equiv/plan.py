@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .devices import Device
 from .errors import ResumeEquivError
 from .golden import GoldenTarget
-from .launch import LaunchSpec, Target
+from .launch.devices import Device
+from .launch.running import LaunchSpec, Target
+from .launch.targets import Command, argv_list, fill, target_from_argv, target_from_callable
 from .rank.context import LaunchContext
 from .settings import TestSettings
-from .targets import Command, argv_list, fill, target_from_argv, target_from_callable
 
 DEFAULT_CHECKPOINT = "{run_dir}/checkpoints/step_{split}"
 DEFAULT_SEED = 1234

@@ -21,11 +21,11 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from .agents import launcher_named
-from .devices import Device, DeviceUnavailable, select_device
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
-from .forked import ForkServer
-from .report import format_golden_summary, format_summary_table
+from .launch.agents import launcher_named
+from .launch.devices import Device, DeviceUnavailable, select_device
+from .launch.forked import ForkServer
+from .report.text import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
 

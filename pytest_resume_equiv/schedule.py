@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
-from .launch import LaunchResult, RunningLaunch
+from .launch.running import LaunchResult, RunningLaunch
 from .plan import PlannedLaunch
-from .signature import StepWatcher
-from .values import count
+from .signature import StepWatcher, count
 
 
 class Handle(Protocol):

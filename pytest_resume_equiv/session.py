@@ -15,13 +15,13 @@ from typing import Any, Optional
 
 import pytest
 
-from .devices import Device
 from .fixtures import ResumeEquiv
 from .golden import GoldenStore, GoldenTarget, current
 from .golden.meta import session_token
-from .records import TestRecord, report_json
+from .launch.devices import Device
+from .launch.share import SHARED_DIR, clean_shared, mark_kept
+from .report.records import TestRecord, report_json
 from .settings import SessionSettings, TestSettings, resolve_session
-from .share import SHARED_DIR, clean_shared, mark_kept
 
 WORKER_RECORDS = "resume_equiv_tests"
 WORKER_SHARED = "resume_equiv_shared"

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .agents import LAUNCHERS
+from .compare.tolerance import PROFILES, Tolerance, parse_tolerance_option
 from .errors import SettingError
+from .launch.agents import LAUNCHERS
 from .marker import NOISE, MarkerSpec, parse_marker, parse_timeout
-from .tolerance import PROFILES, Tolerance, parse_tolerance_option
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
 KEEP = ("failed", "all", "none")

@@ -1,6 +1,6 @@
 """Write docs/bugs.md: every bug class of BUGS.md with the report the plugin really prints.
 
-Runs the bug zoo's pytest sessions (the same ones tests/test_bug_classes.py runs, real
+Runs the bug zoo's pytest sessions (the same ones tests/e2e/test_bug_classes.py runs, real
 torchrun ranks on CPU/gloo) and keeps, per class, the failure text with the machine-specific
 paths and the rerun command left out. Takes a few minutes on 2 cores.
 
@@ -26,7 +26,7 @@ INTRO = """# Bug catalogue
 Every class of resume bug below is reproduced by a trainer of `tests/zoo/` (one switch per
 bug) or `examples/data_loading/train_cursor.py`, and caught by a resume test; the
 text under each is the report the plugin printed (paths and the rerun command left out).
-`tests/test_bug_classes.py` checks that each report names its cause and its fix. Class 2
+`tests/e2e/test_bug_classes.py` checks that each report names its cause and its fix. Class 2
 (device RNG) needs an accelerator: its report reads like class 1's with the device stream
 (`rng:cuda:0`) named. How a cause is chosen: [the diagnosis](diagnosis.md).
 

@@ -1,7 +1,7 @@
 """Settings and plans for unit tests of the planning, scheduling and judging code."""
 
 from pytest_resume_equiv.checks import build_plan
-from pytest_resume_equiv.devices import Device
+from pytest_resume_equiv.launch.devices import Device
 from pytest_resume_equiv.plan import RunRequest
 from pytest_resume_equiv.settings import OPTIONS, Resolved, SessionSettings, resolve_test
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..devices import Device
 from ..golden import GoldenTarget
+from ..launch.devices import Device
 from ..plan import PlannedLaunch, Planner, RunRequest
 from ..settings import TestSettings
 from .base import Check, Judging, Verdict
@@ -21,10 +21,10 @@ from .control import Control
 from .crash import Crash
 from .direct import Direct
 from .golden import GoldenTrajectory
+from .other_topology import OtherTopology
 from .repeat import Repeat
 from .resume import Resume
 from .teeth import Teeth
-from .topology import OtherTopology
 
 CHECKS: tuple[type[Check], ...] = (
     Resume,

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..comparators import Comparator, Run
-from ..launch import LaunchResult
+from ..compare.comparators import Comparator, Run
+from ..launch.running import LaunchResult
 from ..rank.layout import read_status
 from .base import Verdict
 from .resume import judge_resume

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Protocol
 
-from .. import facts
-from ..comparators import Comparator, Rules, Run
-from ..compare import Comparison, first_difference
+from ..compare import facts
+from ..compare.comparators import Comparator, Rules, Run
+from ..compare.diff import Comparison, first_difference
+from ..compare.facts import Fact
 from ..diagnose import Diagnosis
-from ..facts import Fact
-from ..launch import LaunchResult
+from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch, Planner
 
 STATUSES = ("passed", "failed", "abstained", "skipped", "off", "cancelled", "not run")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compare import first_difference
+from ..compare.diff import first_difference
 from ..plan import Planner
 from .base import Check, Judging, Verdict
 from .launches import one_group, resumed_from, uninterrupted_of

@@ -18,8 +18,8 @@ import os
 import shutil
 from typing import Any, Optional
 
+from ..compare.gate import GateFacts
 from ..errors import ResumeEquivError
-from ..gate import GateFacts
 from ..golden import Golden
 from ..plan import PlannedLaunch, Planner
 from .base import Check, Judging, Verdict

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compare import first_difference
-from ..noise import measure
+from ..compare.diff import first_difference
+from ..compare.noise import measure
 from ..plan import PlannedLaunch, Planner
-from ..values import readable
+from ..signature import readable
 from .base import Check, Judging, Verdict
 from .launches import control_of, uninterrupted_of
 

@@ -13,14 +13,14 @@ import dataclasses
 import os
 from typing import Any, Optional
 
-from .. import facts
-from ..crash_points import CrashPoint, crashed_where, find_points, on_disk
+from ..compare import facts
 from ..diagnose import Diagnosis
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import crash_record_path
 from .after_crash import EXACT, REFUSED, TORN, Row, judge_after_crash, read_crash_record
 from .base import Check, Judging, Verdict
+from .crash_points import CrashPoint, crashed_where, find_points, on_disk
 from .launches import one_group, uninterrupted_of
 from .resume import ResumeLike
 

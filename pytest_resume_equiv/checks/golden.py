@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from ..comparators import NOISE_FACTOR, Measured, Run
-from ..compare import format_comparison
+from ..compare.comparators import NOISE_FACTOR, Measured, Run
+from ..compare.diff import format_comparison
+from ..compare.noise import NoiseFacts
 from ..errors import ResumeEquivError
 from ..golden import Golden, GoldenTarget, size_words
-from ..noise import NoiseFacts
 from ..plan import PlannedLaunch, Planner
 from ..signature import SignatureError, read_run
 from .base import Check, Judging, Verdict

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..noise import measure
+from ..compare.noise import measure
 from ..plan import PlannedLaunch, Planner
 from .base import Check, Judging, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of

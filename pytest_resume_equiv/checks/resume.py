@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..comparators import Comparator, Run
-from ..compare import Comparison, format_comparison
+from ..compare.comparators import Comparator, Run
+from ..compare.diff import Comparison, format_comparison
+from ..compare.gate import GateRules, gate
+from ..compare.noise import NoiseFacts
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
 from ..diagnose.evidence import touches
+from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
-from ..gate import GateRules, gate
-from ..noise import NoiseFacts
 from ..plan import PlannedLaunch, Planner
-from ..preflight import PreflightFacts, preflight_of
 from ..rank.layout import is_audit_key, target_file
 from .base import Check, Judging, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of

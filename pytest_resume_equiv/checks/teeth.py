@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..comparators import Comparator, Envelope, Run
+from ..compare.comparators import Comparator, Envelope, Run
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import RNG, section_of
 from .base import Check, Judging, Verdict

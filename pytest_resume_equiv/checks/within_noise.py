@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..comparators import NOISE_FACTOR, Measured, Rules, Run
+from ..compare.comparators import NOISE_FACTOR, Measured, Rules, Run
+from ..compare.gate import GateFacts
+from ..compare.noise import NoiseFacts, rounding_level, scaled_to, split_value
 from ..diagnose import Diagnosis, diagnose
-from ..gate import GateFacts
-from ..noise import NoiseFacts, rounding_level, scaled_to, split_value
 from ..rank.layout import is_audit_key
 from .base import Verdict
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..compare import Comparison
+from ..compare.diff import Comparison
 from ..rank.layout import WATCH, section_of
 from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore

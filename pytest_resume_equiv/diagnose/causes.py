@@ -16,7 +16,7 @@ from ..rank.layout import (
     watched_part,
 )
 from ..rank.trace import FORWARD
-from ..values import readable
+from ..signature import readable
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
 from .subject import Subject, equal_to_step, point_value
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..compare import Comparison, value_difference
+from ..compare.diff import Comparison, value_difference
 from ..rank.encode import decode_float
 from ..rank.layout import watch_key, watched, watched_part
 from ..signature import Signature

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .crash import Crasher
+from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
 from .layout import (

@@ -1,4 +1,4 @@
-"""Trainers for interrupt="crash" (tests/test_crash.py): one loop that finds its latest
+"""Trainers for interrupt="crash" (tests/e2e/test_crash_zoo.py): one loop that finds its latest
 complete checkpoint under ctx.checkpoint itself, and savers, correct and broken.
 
 Rank 0 writes the checkpoint (model.pt, optim.pt, meta.json last) while the other ranks wait

@@ -1,0 +1,221 @@
+"""Exactly-once data accounting: which samples the resumed run consumed, against the
+uninterrupted run, over the global batch (every rank's ids of a step together).
+
+Sample identities are the values recorded under `sample_ids`, `ids` or any key ending in
+`_ids`: an int, a list of ints, or a small tensor of them (a tensor is kept with its values
+up to 16 elements; a bigger one only by fingerprint, which cannot be accounted). Pure: data
+in, words out. The same words hold when the resumed run has another number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..rank.layout import TENSOR_TAG, watched_part
+from ..signature import Signature
+from .step_problems import step_ranges
+
+StepIds = dict[int, list[int]]
+"""step -> the ids consumed at that step, every rank's in rank order."""
+
+
+def is_identity_key(key: str) -> bool:
+    """Sample identities (`sample_ids`, `ids`, `*_ids`): what a step consumed, which the
+    values it computed follow from."""
+    return key in ("ids", "sample_ids") or key.endswith("_ids")
+
+
+def ids_of(value: Any) -> Optional[list[int]]:
+    """The sample ids an encoded value holds, or None when it holds none that can be read."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return list(value)
+    if isinstance(value, dict) and TENSOR_TAG in value:
+        values = value[TENSOR_TAG].get("values")
+        if isinstance(values, list) and all(isinstance(v, (int, float)) for v in values):
+            return [int(v) for v in values]
+    return None
+
+
+def global_ids(run: dict[int, Signature], key: str, steps: Iterable[int]) -> Optional[StepIds]:
+    """Every rank's ids of each step, together; None if some value cannot be read."""
+    by_rank = {rank: sig.by_step() for rank, sig in run.items()}
+    out: StepIds = {}
+    for step in steps:
+        ids: list[int] = []
+        for rank in sorted(by_rank):
+            value = by_rank[rank].get(step, {}).get(key)
+            found = ids_of(value) if value is not None else []
+            if found is None:
+                return None
+            ids += found
+        out[step] = ids
+    return out
+
+
+def identity_keys(run: dict[int, Signature]) -> list[str]:
+    keys = {k for sig in run.values() for _, values in sig.steps for k in values}
+    return sorted(k for k in keys if is_identity_key(k))
+
+
+@dataclass
+class DataAccount:
+    """How the resumed run's samples compare with the uninterrupted run's after the split."""
+
+    key: str
+    missing: list[int] = field(default_factory=list)
+    """Consumed by the uninterrupted run after the split, never by the resumed run."""
+    fewer: list[int] = field(default_factory=list)
+    """Consumed by both, but less often by the resumed run."""
+    repeated: list[int] = field(default_factory=list)
+    """Consumed more often by the resumed run."""
+    twice: bool = True
+    """Every repeated id was consumed at most once by the uninterrupted run."""
+    from_earlier: bool = False
+    """Every repeated id is one the uninterrupted run consumed before the split: the resumed
+    run started from an earlier place in the data."""
+    moved: list[int] = field(default_factory=list)
+    """Consumed by both, but at another step."""
+    replayed: Optional[tuple[list[int], list[int]]] = None
+    """(resumed steps, uninterrupted steps) when the resumed run consumed, at those steps,
+    what the uninterrupted run had consumed at earlier steps: data replayed."""
+    epochs: Optional[tuple[int, int]] = None
+    """(replayed epoch, epoch it was replayed in), when a watched loader tells the epochs."""
+
+    @property
+    def exact(self) -> bool:
+        return not (self.missing or self.fewer or self.repeated or self.moved)
+
+    def text(self) -> str:
+        """In words, for the report: which ids, and what it looks like."""
+        if self.exact:
+            return f"data ({self.key}): every sample consumed exactly once, at the same step"
+        parts = []
+        if self.missing:
+            parts.append(f"ids {_ids(self.missing)} never seen")
+        if self.fewer:
+            parts.append(f"ids {_ids(self.fewer)} seen fewer times than in the uninterrupted run")
+        if self.repeated:
+            more = "twice or more" if self.twice else "more often than in the uninterrupted run"
+            parts.append(f"ids {_ids(self.repeated)} seen {more}")
+        if self.moved:
+            parts.append(f"ids {_ids(self.moved)} consumed at another step")
+        text = f"data ({self.key}) after the resume: " + ", ".join(parts)
+        if self.replayed and self.epochs:
+            res, base = self.replayed
+            text += (
+                f" (epoch {self.epochs[0]}'s order replayed in epoch {self.epochs[1]}: the "
+                f"resumed run consumed at {_steps(res)} the samples of {_steps(base)})"
+            )
+        elif self.replayed:
+            res, base = self.replayed
+            text += (
+                f" (the resumed run consumed at {_steps(res)} the samples of "
+                f"{_steps(base)}: an earlier part of the data replayed)"
+            )
+        return text
+
+
+def account(
+    base: dict[int, Signature], res: dict[int, Signature], split: int, steps: int
+) -> list[DataAccount]:
+    """One account per identity key both runs recorded (none when no ids were recorded)."""
+    after = range(split + 1, steps + 1)
+    found = []
+    for key in identity_keys(base):
+        ours = global_ids(res, key, after)
+        theirs = global_ids(base, key, range(1, steps + 1))
+        if ours is None or theirs is None:
+            continue
+        item = _account(key, theirs, ours, split)
+        if item.replayed:
+            item.epochs = _epochs(base, *item.replayed)
+        found.append(item)
+    return found
+
+
+def _epochs(base: dict[int, Signature], res_steps: list[int], base_steps: list[int]):
+    """(epoch of the replayed steps, epoch the uninterrupted run was in at the resumed steps),
+    read from a watched loader's epoch (`watch:<loader>.epoch`) on rank 0."""
+    sig = base.get(0)
+    if sig is None:
+        return None
+    steps = sig.by_step()
+
+    def epoch(step: int) -> Optional[int]:
+        for key, value in sorted(steps.get(step, {}).items()):
+            if watched_part(key) == "epoch" and isinstance(value, dict):
+                found = [v for k, v in sorted(value.items()) if k.endswith("epoch")]
+                if found and isinstance(found[0], int):
+                    return found[0]
+        return None
+
+    was, now = epoch(base_steps[0]), epoch(res_steps[0])
+    return (was, now) if was is not None and now is not None and was != now else None
+
+
+def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:
+    after = [s for s in base if s > split]
+    expected = Counter(i for s in after for i in base[s])
+    got = Counter(i for s in res for i in res[s])
+    result = DataAccount(key)
+    result.missing = sorted(i for i in expected if not got[i])
+    result.fewer = sorted(i for i in expected if 0 < got[i] < expected[i])
+    result.repeated = sorted(i for i in got if got[i] > expected[i])
+    result.twice = all(expected[i] <= 1 for i in result.repeated)
+    before = {i for s, ids in base.items() if s <= split for i in ids}
+    result.from_earlier = bool(result.repeated) and set(result.repeated) <= before
+    moved: set[int] = set()
+    for step, ids in res.items():
+        # consumed at this step by the resumed run only, though the uninterrupted run
+        # consumed it after the split (at another step)
+        moved |= set((Counter(ids) - Counter(base.get(step, []))).elements()) & set(expected)
+    result.moved = sorted(moved - set(result.repeated) - set(result.fewer))
+    result.replayed = _replayed(base, res, split)
+    return result
+
+
+def _replayed(base: StepIds, res: StepIds, split: int) -> Optional[tuple[list[int], list[int]]]:
+    """The resumed steps whose ids equal the ids of earlier uninterrupted steps, in a run."""
+    # as sets: on another number of ranks the same global batch comes in another rank order
+    earlier = {tuple(sorted(ids)): s for s, ids in sorted(base.items()) if s <= split and ids}
+    pairs = [
+        (s, earlier[tuple(sorted(ids))])
+        for s, ids in sorted(res.items())
+        if tuple(sorted(ids)) in earlier
+    ]
+    if not pairs:
+        return None
+    return [s for s, _ in pairs], [b for _, b in pairs]
+
+
+def _ids(ids: list[int]) -> str:
+    return step_ranges(ids)
+
+
+def _steps(steps: list[int]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + step_ranges(steps)
+
+
+def shared_across_ranks(run: dict[int, Signature], key: str) -> Optional[tuple[int, list[int]]]:
+    """The first step at which several ranks consumed the same sample, and those ids: the
+    ranks are not sharding the data (or are a tensor-parallel group that shares batches)."""
+    if len(run) < 2:
+        return None
+    by_rank = [sig.by_step() for _, sig in sorted(run.items())]
+    for step in sorted({s for steps in by_rank for s in steps}):
+        seen: Counter = Counter()
+        for steps in by_rank:
+            seen.update(set(ids_of(steps.get(step, {}).get(key)) or []))
+        shared = sorted(i for i, n in seen.items() if n > 1)
+        if shared:
+            return step, shared
+    return None

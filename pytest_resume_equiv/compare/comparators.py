@@ -1,0 +1,274 @@
+"""How a check compares two runs: one protocol, bound once to a test's rules.
+
+- `Exact`: every recorded value and every audited stream bit for bit (the default);
+- `Tolerant`: the same, with the numbers the test's tolerance (a profile, or rules) lets move;
+- `Measured`: the numbers within the noise measured between runs that should be the same;
+- `Envelope` (`envelope.py`): a run on another topology, held to the numeric noise measured
+  between two uninterrupted runs, one on each topology.
+
+The `Rules` are the test's settings that shape a comparison (steps, tolerance, ignore,
+strict-latent), bound once from the test's settings, or offline from the judgement a resumed
+run directory keeps (`judgement.py`), so the offline `compare` judges as the test did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Protocol
+
+from ..settings import TestSettings
+from ..signature import Signature
+from . import facts
+from .accounting import DataAccount, account
+from .diff import Comparison, compare_runs
+from .envelope import account_from_json, compare_topology
+from .noise import ROUNDING, NoiseFacts
+from .tolerance import PROFILES, Tolerance, ToleranceRule
+
+Run = dict[int, Signature]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What shapes every comparison of one test."""
+
+    steps: int
+    tolerance: Tolerance = PROFILES["exact"]
+    ignore: tuple[str, ...] = ()
+    """`ignore=` patterns of audited keys or fields (beside what a trainer's own
+    `track(..., ignore=True)` writes into its signature)."""
+    strict_latent: bool = False
+
+    @classmethod
+    def of(cls, settings: TestSettings) -> Rules:
+        marker = settings.marker
+        return cls(marker.steps, settings.tolerance, marker.ignore, settings.strict_latent)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "tolerance": self.tolerance.to_json(),
+            "ignore": list(self.ignore),
+            "strict_latent": self.strict_latent,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Rules:
+        return cls(
+            steps=int(data["steps"]),
+            tolerance=Tolerance.from_json(data["tolerance"])
+            if data.get("tolerance")
+            else PROFILES["exact"],
+            ignore=tuple(str(p) for p in data.get("ignore", [])),
+            strict_latent=bool(data.get("strict_latent", False)),
+        )
+
+    def overridden(
+        self,
+        tolerance: Optional[Sequence[ToleranceRule]] = None,
+        ignore: Optional[Sequence[str]] = None,
+    ) -> Rules:
+        """These rules with some replaced (the offline `compare`'s flags)."""
+        given = self.tolerance
+        if tolerance is not None:
+            given = Tolerance("custom", tuple(tolerance), tuple(tolerance))
+        return replace(
+            self, tolerance=given, ignore=self.ignore if ignore is None else tuple(ignore)
+        )
+
+
+@facts.fact("data")
+@dataclass
+class DataFacts:
+    """Which samples the resumed run consumed against the uninterrupted run's (per id key):
+    exact under every comparator."""
+
+    accounts: list[DataAccount]
+
+    def lines(self, label: str) -> list[str]:
+        return [f"{label}: {item.text()}" for item in self.accounts if not item.exact]
+
+    def summary(self, label: str) -> list[str]:
+        return []
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accounts": [dataclasses.asdict(item) for item in self.accounts],
+            "text": [item.text() for item in self.accounts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DataFacts:
+        return cls([account_from_json(item) for item in data.get("accounts", [])])
+
+
+class Comparator(Protocol):
+    """Compares `run` with `reference` at every step after `split`, on every rank.
+    `user_only` leaves out the automatic audit keys and `skip_steps` the first resumed steps
+    (the teeth check compares what the user recorded after its mutation)."""
+
+    name: str
+    rules: Rules
+
+    def compare(
+        self,
+        reference: Run,
+        run: Run,
+        split: int,
+        skip_steps: int = 0,
+        user_only: bool = False,
+    ) -> Comparison: ...
+
+
+def _ignored(rules: Rules, run: Run) -> tuple[str, ...]:
+    """The test's `ignore=` and what the trainer itself left out (`track(ignore=True)`)."""
+    return (*rules.ignore, *[name for sig in run.values() for name in sig.ignored])
+
+
+class Exact:
+    """Bit for bit: what a load copies and what a deterministic trainer computes."""
+
+    name = "exact"
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self._split = 0
+
+    def tolerance(self) -> Any:
+        return PROFILES["exact"]
+
+    def compare(
+        self,
+        reference: Run,
+        run: Run,
+        split: int,
+        skip_steps: int = 0,
+        user_only: bool = False,
+    ) -> Comparison:
+        rules = self.rules
+        cmp = compare_runs(
+            reference,
+            run,
+            split,
+            rules.steps,
+            self.tolerance(),
+            user_only=user_only,
+            skip_steps=skip_steps,
+            ignore=_ignored(rules, run),
+            strict_latent=rules.strict_latent,
+        )
+        if split and not user_only:
+            cmp.facts.append(DataFacts(account(reference, run, split, rules.steps)))
+        cmp.how = self.how()
+        return cmp
+
+    def how(self) -> str:
+        return ""
+
+
+class Tolerant(Exact):
+    """Exact, except for the numbers the test's tolerance lets move (`tolerance.py`)."""
+
+    name = "tolerance"
+
+    def tolerance(self) -> Any:
+        return self.rules.tolerance
+
+    def how(self) -> str:
+        return (
+            f"recorded numbers within tolerance {self.rules.tolerance.describe()}, watched "
+            "tensors by their statistics within it; integers, strings, sample ids, RNG states "
+            "and the resume point exactly"
+        )
+
+
+class Envelope:
+    """A run on another topology: sample ids exact over the global batch, values equal on
+    every rank within the noise between `other` (the uninterrupted run on the resumed
+    topology) and the reference (`envelope.py`)."""
+
+    name = "envelope"
+
+    def __init__(self, rules: Rules, other: Run) -> None:
+        self.rules = rules
+        self.other = other
+
+    def compare(
+        self,
+        reference: Run,
+        run: Run,
+        split: int,
+        skip_steps: int = 0,
+        user_only: bool = False,
+    ) -> Comparison:
+        rules = self.rules
+        return compare_topology(
+            reference, self.other, run, split, rules.steps, rules.tolerance.later, skip_steps
+        )
+
+
+NOISE_FACTOR = 4.0
+"""How far beyond the measured noise a resumed run may go: the noise between two runs that
+drift from step 1 (or from the split, for two resumed processes) bounds what rounding alone
+can do; a restore bug moves values by orders of magnitude more."""
+
+
+class Measured(Exact):
+    """Exact where nothing was measured to drift; elsewhere within NOISE_FACTOR times the
+    measured noise of that rank, key and step (`noise.py`), or within the test's tolerance
+    when it gave one that the noise fits in. Integers, strings, RNG states and sample ids stay
+    exact."""
+
+    name = "measured noise"
+
+    def __init__(self, rules: Rules, noise: NoiseFacts) -> None:
+        super().__init__(rules)
+        self.noise = noise
+
+    def tolerance(self) -> Any:
+        profile, noise, split = self.rules.tolerance, self.noise, self._split
+
+        def allowance(rank: int, key: str, step: int) -> Optional[tuple[float, float]]:
+            given = profile.for_key(key, step, split)
+            if given is not None:
+                return given
+            # numbers within the noise at that rank, key and step (exact where it measured
+            # none); a fingerprint by its statistics, since under noise its hash says nothing
+            # A few runs sample the noise, they do not bound it: two of them may round alike
+            # at one step, or in one key, and not in the next (a loss computed from weights
+            # that drift). So a key may move by NOISE_FACTOR times the largest spread seen at
+            # that rank and step, or by NOISE_FACTOR times its largest relative spread at any
+            # step, and, once the runs drift at all, by rounding level.
+            relative = NOISE_FACTOR * noise.relative.get(key, 0.0)
+            if noise.noisy:
+                relative = max(relative, ROUNDING)
+            return relative, NOISE_FACTOR * noise.at(rank, key, step)
+
+        return allowance
+
+    def compare(
+        self,
+        reference: Run,
+        run: Run,
+        split: int,
+        skip_steps: int = 0,
+        user_only: bool = False,
+    ) -> Comparison:
+        self._split = split
+        return super().compare(reference, run, split, skip_steps, user_only)
+
+    def how(self) -> str:
+        given = self.rules.tolerance
+        within = f"tolerance {given.describe()} or " if not given.exact else ""
+        return (
+            f"numbers within {within}{NOISE_FACTOR:g}x the noise measured at that rank, key and "
+            "step or its largest relative spread, and at rounding level once the runs drift; "
+            "integers, strings, sample ids, RNG states and the resume point exactly"
+        )
+
+
+def comparator_for(rules: Rules) -> Comparator:
+    """The comparator of a resume on the uninterrupted run's own topology."""
+    return Tolerant(rules) if not rules.tolerance.exact else Exact(rules)

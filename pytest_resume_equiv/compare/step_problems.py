@@ -1,0 +1,175 @@
+"""Step numbering problems of a resumed run: re-executed, missing, shifted, duplicated or
+out-of-order steps. They are reported on their own, before any value is compared: a value
+diff between step 1 of one run and step 4 of the other would only confuse."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from ..signature import Signature
+
+
+@dataclass(frozen=True)
+class StepProblem:
+    kind: str
+    rank: int
+    steps: tuple[int, ...]
+    message: str
+
+
+EARLY_STOP = (
+    " (a data iterator saved exhausted at an epoch boundary, or a stop condition that counts "
+    "from the resume?)"
+)
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """'step 4' or 'steps 1-3, 5'."""
+    return f"{'step' if len(set(steps)) == 1 else 'steps'} {step_ranges(steps)}"
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """Compact step list: 1-3, 5, 7-8."""
+    items = sorted(set(steps))
+    parts: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _order_problems(sig: Signature, run: str) -> list[StepProblem]:
+    problems = []
+    counts = Counter(step for step, _ in sig.steps)
+    dupes = sorted(step for step, n in counts.items() if n > 1)
+    if dupes:
+        problems.append(
+            StepProblem(
+                "duplicate",
+                sig.rank,
+                tuple(dupes),
+                f"rank {sig.rank}: the {run} run recorded {steps_text(dupes)} more than once "
+                "(record() must be called once per step)",
+            )
+        )
+    order = [s for s, _ in sig.steps]
+    if any(b < a for a, b in zip(order, order[1:])):
+        problems.append(
+            StepProblem(
+                "out-of-order",
+                sig.rank,
+                tuple(order),
+                f"rank {sig.rank}: the {run} run recorded steps out of order ({', '.join(map(str, order[:12]))})",
+            )
+        )
+    return problems
+
+
+def step_problems(
+    rank: int, base: Signature, resumed: Signature, split: int, steps: int
+) -> list[StepProblem]:
+    problems = _order_problems(base, "uninterrupted") + _order_problems(resumed, "resumed")
+    expected = set(range(split + 1, steps + 1))
+    got = set(resumed.by_step())
+    base_missing = sorted(expected - set(base.by_step()))
+    if base_missing:
+        problems.append(
+            StepProblem(
+                "uninterrupted-missing",
+                rank,
+                tuple(base_missing),
+                f"rank {rank}: the uninterrupted run never recorded {steps_text(base_missing)} "
+                f"(it must record every step 1-{steps})",
+            )
+        )
+    if got != expected:
+        whole = _whole_run_problem(rank, got, expected, split)
+        problems += [whole] if whole else _resumed_step_problems(rank, got, split, steps)
+    return problems
+
+
+def _whole_run_problem(
+    rank: int, got: set[int], expected: set[int], split: int
+) -> Optional[StepProblem]:
+    """A resumed run that recorded nothing, or every step under another number."""
+    if not got:
+        return StepProblem(
+            "missing",
+            rank,
+            tuple(sorted(expected)),
+            f"rank {rank}: the resumed run recorded no steps (expected {step_ranges(expected)}): "
+            f"it stopped right after loading{EARLY_STOP}, or it never calls "
+            "pytest_resume_equiv.record(step, ...) once a run is resumed",
+        )
+    shift = min(got) - (split + 1)
+    if shift and got == {s + shift for s in expected}:
+        return StepProblem(
+            "shifted",
+            rank,
+            tuple(sorted(got)),
+            f"rank {rank}: the resumed run's step numbers are shifted by {shift:+d}: it recorded "
+            f"steps {step_ranges(got)} where the uninterrupted run recorded "
+            f"{step_ranges(expected)} after the split at step {split}; the step counter was "
+            f"saved or restored off by {abs(shift)}",
+        )
+    return None
+
+
+def _resumed_step_problems(rank: int, got: set[int], split: int, steps: int) -> list[StepProblem]:
+    """Steps the resumed run did again (at or before the split), skipped, or ran past the end."""
+    problems = []
+    replayed = sorted(s for s in got if s <= split)
+    if replayed == [split]:
+        problems.append(
+            StepProblem(
+                "re-executed",
+                rank,
+                (split,),
+                f"rank {rank}: the resumed run re-executed step {split}, the step the checkpoint "
+                "was saved after: the global step counter was saved or restored off by one",
+            )
+        )
+    elif replayed:
+        problems.append(
+            StepProblem(
+                "re-executed",
+                rank,
+                tuple(replayed),
+                f"rank {rank}: the resumed run re-executed {steps_text(replayed)}, which the "
+                f"checkpoint saved at step {split} had already done; the resume restarted "
+                f"from step {min(replayed)} instead of continuing at step {split + 1} "
+                "(step counter not restored?)",
+            )
+        )
+    expected = set(range(split + 1, steps + 1))
+    missing = sorted(expected - got)
+    if missing:
+        early = missing[-1] == steps and got < expected
+        problems.append(
+            StepProblem(
+                "missing",
+                rank,
+                tuple(missing),
+                f"rank {rank}: the resumed run never recorded {steps_text(missing)} "
+                f"(expected every step {split + 1}-{steps})"
+                + (f": it stopped early{EARLY_STOP}" if early else ""),
+            )
+        )
+    extra = sorted(s for s in got if s > steps)
+    if extra:
+        problems.append(
+            StepProblem(
+                "extra",
+                rank,
+                tuple(extra),
+                f"rank {rank}: the resumed run recorded {steps_text(extra)}, past steps={steps}",
+            )
+        )
+    return problems

@@ -1,0 +1,252 @@
+"""Local launches forked from a per-session server that has imported torch already.
+
+One `ForkServer` per pytest process (each pytest-xdist worker has its own), started on the
+first forked launch and stopped at the end of the session; it also leaves by itself when
+pytest dies (its stdin closes; PR_SET_PDEATHSIG). `Forked` is the agents of a launch that
+it forks: one rank per started process, each given the variables torchrun gives a worker,
+rank 0 holding the rendezvous store as in a one-rank launch. `ForkedRank` is the
+`subprocess.Popen` face of a forked rank that `RunningLaunch` needs.
+
+`fork_refusal` says why a launch must start plainly instead: its environment changes what
+the server read at start (an import-time switch of torch, the dynamic loader, Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, ClassVar, Optional
+
+from ..errors import ResumeEquivError
+from ..rank.layout import store_port_path
+from .agents import Agents, OneRank, Standalone, _parent_death_signal, launcher_of, rank_env
+from .spec import LaunchSpec, default_env
+
+FORK_SERVER = "pytest_resume_equiv.rank.forkserver"
+IMPORT_TIME_PREFIXES = (
+    "PYTORCH_",
+    "TORCH_",
+    "LD_",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+)
+"""Variables read when torch (or the interpreter, or its C libraries) loads: a launch that
+sets one to another value than the server started with cannot be forked from it."""
+AFTER_IMPORT = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+"""...except these, which the forked child applies itself or which are read later."""
+STOP_GRACE = 10.0
+"""Seconds the other ranks of a failed forked launch get after SIGTERM."""
+START_WAIT = 120.0
+"""Seconds the server gets to import torch and the preload modules."""
+
+
+def fork_refusal(server_env: dict[str, str], env: dict[str, str]) -> str:
+    """Why a launch with environment `env` cannot be forked from a server started with
+    `server_env` ("" when it can)."""
+    changed = sorted(
+        k
+        for k in set(server_env) | set(env)
+        if k.startswith(IMPORT_TIME_PREFIXES)
+        and k not in AFTER_IMPORT
+        and server_env.get(k) != env.get(k)
+    )
+    if not changed:
+        return ""
+    return f"its environment changes {', '.join(changed)}, read when torch is imported"
+
+
+class ForkServer:
+    """The session's server process and the pipe to it (one request at a time)."""
+
+    running: ClassVar[dict[tuple[str, ...], ForkServer]] = {}
+    """The live servers of this pytest process, by preload list."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str]) -> None:
+        self.preload = preload
+        self.env = dict(env)
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", FORK_SERVER, *preload],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_pytest,
+        )
+        first = self._read(START_WAIT)
+        if "error" in first:
+            self.stop()
+            raise ResumeEquivError(f"--resume-equiv-preload: {first['error']}")
+
+    @classmethod
+    def get(cls, preload: tuple[str, ...]) -> ForkServer:
+        """This process's server for `preload`, started on first use."""
+        server = cls.running.get(preload)
+        if server is None or server.proc.poll() is not None:
+            server = cls.running[preload] = ForkServer(preload, server_env())
+        return server
+
+    @classmethod
+    def stop_all(cls) -> None:
+        for server in list(cls.running.values()):
+            server.stop()
+        cls.running.clear()
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while not line:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise ResumeEquivError(
+                    f"the fork server did not answer (exit status {self.proc.poll()}); "
+                    "run with --resume-equiv-fork-server=off to start every rank plainly"
+                )
+            line = self.proc.stdout.readline()
+        return json.loads(line)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            except OSError as exc:
+                raise ResumeEquivError(f"the fork server has gone: {exc}") from exc
+            answer = self._read(30.0)
+        if "error" in answer:
+            raise ResumeEquivError(f"the fork server: {answer['error']}")
+        return answer
+
+    def stop(self) -> None:
+        """Close its stdin: it kills what it forked that still runs, and leaves."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _die_with_pytest() -> None:
+    if sys.platform.startswith("linux"):
+        _parent_death_signal(9)
+
+
+class ForkedRank:
+    """A rank the server forked, as `RunningLaunch` uses a started process."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                codes = self.server.ask({"op": "poll", "pids": [self.pid]})["codes"]
+            except ResumeEquivError:
+                return -9  # the server is gone, and with it every rank it forked
+            self.returncode = codes.get(str(self.pid))
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked rank {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class Forked(Agents):
+    """The ranks of a one-node launch forked from the session's server: no agent, no
+    `import torch` in any process started for the launch."""
+
+    host_store = True
+    forked = True
+
+    def __init__(self, server: ForkServer) -> None:
+        self.server = server
+        self.stopping: Optional[float] = None
+
+    def supervise(self, procs: list) -> None:
+        """torchrun's rule: once a rank has failed, the others get SIGTERM, and SIGKILL if
+        they are still there after STOP_GRACE seconds."""
+        codes = [p.poll() for p in procs]
+        if self.stopping is None and any(c not in (None, 0) for c in codes):
+            self.stopping = time.monotonic()
+            self._signal(procs, codes, signal.SIGTERM)
+        elif self.stopping is not None and time.monotonic() > self.stopping + STOP_GRACE:
+            self._signal(procs, codes, signal.SIGKILL)
+
+    @staticmethod
+    def _signal(procs: list, codes: list, sig: int) -> None:
+        for proc, code in zip(procs, codes):
+            if code is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    def argvs(self, spec: LaunchSpec) -> list[list[str]]:
+        """What starts this launch without the server (the rerun line shows the first)."""
+        return (OneRank() if spec.nproc == 1 else Standalone()).argvs(spec)
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        return rank_env(spec, 0) if spec.nproc == 1 else {}
+
+    def start(self, spec: LaunchSpec, env: dict[str, str], logs: list[str]) -> list[ForkedRank]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(store_port_path(spec.run_dir))
+        ranks = []
+        for rank, log in enumerate(logs):
+            answer = self.server.ask(
+                {
+                    "op": "fork",
+                    "argv": spec.target.argv(),
+                    "env": {**env, **rank_env(spec, rank)},
+                    "cwd": os.path.abspath(spec.cwd or os.getcwd()),
+                    "log": log,
+                }
+            )
+            ranks.append(ForkedRank(self.server, int(answer["pid"])))
+        return ranks
+
+    def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:
+        return {r: code for r, code in enumerate(returncodes) if code is not None}
+
+
+def server_env() -> dict[str, str]:
+    """The environment a fork server starts with: pytest's, with what every launch adds."""
+    return {**os.environ, **default_env()}
+
+
+def agents_for(spec: LaunchSpec, env: dict[str, str]) -> Agents:
+    """The agents that start `spec`, whose processes get `env`: forked from the session's
+    server where the launch allows it, else the launcher's own, with a note saying why."""
+    launcher = launcher_of(spec)
+    plain = launcher.agents(spec)
+    if not (spec.fork_server and launcher.can_fork and spec.nnodes == 1):
+        return plain
+    refusal = fork_refusal(server_env(), env)
+    if refusal:
+        plain.note = f"started without the fork server: {refusal}"
+        return plain
+    return Forked(ForkServer.get(spec.preload))

@@ -1,0 +1,329 @@
+"""Start torchrun launches, each in its own process group, and collect how every rank ended.
+
+Every rank runs `pytest_resume_equiv.rank.bootstrap`, which writes its logs, pid and status
+into the run directory. torchrun puts each worker in a session of its own, so killing the
+agent's group is not enough: the pid files let us kill every rank's group too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from ..rank.layout import (
+    CONTEXT_ENV,
+    agent_log_path,
+    gate_path,
+    log_path,
+    read_pids,
+    request_stacks,
+)
+from .agents import BOOTSTRAP
+from .forked import FORK_SERVER, Forked, agents_for
+from .rank_exits import RankOutcome, rank_outcomes
+from .spec import LaunchSpec, Target, default_env
+from .stacks import py_spy_dump
+
+__all__ = ["LaunchResult", "LaunchSpec", "RunningLaunch", "Target", "launch"]
+
+STACK_DUMP_WAIT = 2.0
+"""Seconds a hung launch gets to dump its ranks' Python stacks before it is killed."""
+
+
+@dataclass
+class LaunchResult:
+    spec: LaunchSpec
+    returncodes: list[Optional[int]]
+    timed_out: bool
+    duration: float
+    ranks: list[RankOutcome]
+    command: str
+    """A shell line that reruns this launch by hand."""
+    startup: float = 0.0
+    """Seconds from start to the gate (start-up overlapped with an earlier launch)."""
+    reused: str = ""
+    """Set when this result is another test's launch, reused: that test's node id."""
+    killed_after_step: int = 0
+    """interrupt="kill": the plugin SIGKILLed this launch once every rank had recorded this
+    step (0: it was not killed on purpose)."""
+    crashed: str = ""
+    """interrupt="crash": where its ranks were killed inside the save, on purpose."""
+    judged: str = ""
+    """interrupt="crash": a failure its check judged to be what the trainer should do (a
+    clean refusal of a torn checkpoint), in a word for the launch's line."""
+    problem: str = ""
+    """The launcher's own account of a failure (a run directory the nodes do not share)."""
+    note: str = ""
+    """How the launch started when that was not the usual way (a plain start that the fork
+    server could not serve, and why): shown with -v."""
+
+    @property
+    def ok(self) -> bool:
+        """Every rank finished its work. A rank that then died in interpreter shutdown counts
+        (see `shutdown_deaths`); torchrun's own exit status then says failure, so only that
+        case may have a nonzero agent status."""
+        if self.timed_out or not all(r.ok or r.status == "shutdown" for r in self.ranks):
+            return False
+        return all(code == 0 for code in self.returncodes) or bool(self.shutdown_deaths)
+
+    @property
+    def status(self) -> str:
+        """ "ok", "killed as planned" (interrupt="kill"), "timed out" or "failed"."""
+        if self.killed_after_step or self.crashed:
+            return "killed as planned"
+        if self.timed_out:
+            return "timed out"
+        return "ok" if self.ok else "failed"
+
+    @property
+    def shutdown_deaths(self) -> list[RankOutcome]:
+        return [r for r in self.ranks if r.status == "shutdown"]
+
+    @property
+    def agent_logs(self) -> list[str]:
+        return [agent_log_path(self.spec.run_dir, i) for i in range(len(self.returncodes))]
+
+    def rank_log(self, rank: int, stream: str = "stderr") -> str:
+        return log_path(self.spec.run_dir, rank, stream)
+
+    def tail(self, path: str, lines: int = 15) -> str:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def launch_env(spec: LaunchSpec) -> dict[str, str]:
+    """The variables a launch adds to the inherited environment (shown in the rerun line)."""
+    extra = {CONTEXT_ENV: spec.context.to_json(), **default_env()}
+    if spec.target.pythonpath:
+        current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths = [*spec.target.pythonpath, *current]
+        extra["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    extra.update(spec.env)
+    return extra
+
+
+def _rerun_line(spec: LaunchSpec, extra: dict[str, str], argv: Sequence[str]) -> str:
+    cwd = spec.cwd or os.getcwd()
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items()))
+    return f"cd {shlex.quote(cwd)} && env {assigns} {shlex.join(argv)}"
+
+
+def _is_our_rank(pid: int) -> bool:
+    """Guard against pid reuse: only signal processes that still run our bootstrap."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        return BOOTSTRAP.encode() in cmdline or FORK_SERVER.encode() in cmdline
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc: trust the pid file
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def dump_stacks(run_dir: str, by_file: bool = False) -> None:
+    """Take every live rank's Python stack: py-spy from outside when installed (it sees a rank
+    stuck in C code too), and faulthandler into the rank's stderr log, by SIGUSR1 or, for a
+    Slurm launch whose ranks may be on other hosts, by the request file they watch."""
+    if by_file:
+        request_stacks(run_dir)
+    for rank, pid in read_pids(run_dir).items():
+        if _is_our_rank(pid):
+            py_spy_dump(pid, log_path(run_dir, rank, "pyspy"))
+            if not by_file:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGUSR1)
+
+
+def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
+    """Kill the agents' process groups and every rank's own group; wait for the agents."""
+    ranks = [pid for pid in read_pids(run_dir).values() if _is_our_rank(pid)]
+    for pgid in [*ranks, *(proc.pid for proc in procs)]:  # all at once: no rank outlives
+        _signal_group(pgid, signal.SIGKILL)  # a peer long enough to report it gone
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class RunningLaunch:
+    """A started launch. A gated one has its agents and ranks up with torch imported, each
+    rank waiting for the gate file before it runs the user's code: the start-up cost of a
+    resumed launch overlaps the launch whose checkpoint it will load."""
+
+    def __init__(self, spec: LaunchSpec, gated: bool = False) -> None:
+        self.spec = spec
+        os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
+        self.gate = gate_path(spec.run_dir) if gated else None
+        base = {**os.environ, **launch_env(spec)}
+        self.agents = agents_for(spec, base)
+        context = dataclasses.replace(
+            spec.context,
+            gate=self.gate,
+            owner_pid=os.getpid(),
+            owner_host=socket.gethostname(),
+            stacks_by_file=self.agents.stacks_by_file,
+            host_store=self.agents.host_store,
+        )
+        self.extra = {**self.agents.env(spec), **launch_env(spec)}
+        env = {**os.environ, **self.extra, CONTEXT_ENV: context.to_json()}
+        self.procs: list = []
+        self._logs = []
+        self.started = time.monotonic()
+        self.gate_opened: Optional[float] = None if gated else self.started
+        self.result: Optional[LaunchResult] = None
+        self.argvs: list[list[str]] = []
+        try:
+            self.argvs = self.agents.argvs(spec)
+            if isinstance(self.agents, Forked):
+                logs = [agent_log_path(spec.run_dir, i) for i in range(spec.nproc)]
+                self.procs = self.agents.start(spec, env, logs)
+            else:
+                self._start_plain(env)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _start_plain(self, env: dict[str, str]) -> None:
+        for node, argv in enumerate(self.argvs):
+            log = open(agent_log_path(self.spec.run_dir, node), "wb")
+            self._logs.append(log)
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=self.spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self.agents.preexec,
+                )
+            )
+
+    @property
+    def gate_open(self) -> bool:
+        """Whether the ranks may run (or are running) the user's code."""
+        return self.gate_opened is not None
+
+    def open_gate(self) -> None:
+        """Let the ranks run the user's code; the launch's timeout counts from here."""
+        if self.gate is not None and self.gate_opened is None:
+            with open(self.gate, "w"):
+                pass
+            self.gate_opened = time.monotonic()
+
+    def poll(self) -> Optional[LaunchResult]:
+        """The result once every agent has exited (or the timeout passed), else None."""
+        if self.result is not None:
+            return self.result
+        self.agents.supervise(self.procs)
+        if all(p.poll() is not None for p in self.procs):
+            return self._finish(timed_out=False)
+        if self.gate_opened is not None and time.monotonic() > self.gate_opened + self.spec.timeout:
+            dump_stacks(self.spec.run_dir, by_file=self.agents.stacks_by_file)
+            time.sleep(STACK_DUMP_WAIT)
+            return self._finish(timed_out=True)
+        return None
+
+    def wait(self) -> LaunchResult:
+        self.open_gate()
+        while True:
+            result = self.poll()
+            if result is not None:
+                return result
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """Stop the launch now (cancelled, interrupted or failed elsewhere)."""
+        if self.result is None:
+            self._finish(timed_out=False)
+
+    def _finish(self, timed_out: bool) -> LaunchResult:
+        try:
+            stopped_early = any(p.poll() is None for p in self.procs)
+            if stopped_early:
+                self.agents.cancel(self.spec)  # what the scheduler still runs
+            kill_all(self.procs, self.spec.run_dir)
+            if not stopped_early and any(p.returncode != 0 for p in self.procs):
+                # srun returns on a failed rank while the job still completes on the
+                # other nodes: wait until the scheduler has cleaned it up
+                self.agents.cancel(self.spec)
+        finally:
+            for log in self._logs:
+                log.close()
+        end = time.monotonic()
+        agent_text = ""
+        for path in (agent_log_path(self.spec.run_dir, i) for i in range(len(self.procs))):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    agent_text += f.read()
+            except OSError:
+                pass
+        self.result = LaunchResult(
+            spec=self.spec,
+            returncodes=[p.returncode for p in self.procs],
+            timed_out=timed_out,
+            duration=end - (self.gate_opened if self.gate_opened is not None else end),
+            ranks=rank_outcomes(
+                self.spec.run_dir,
+                self.spec.world_size,
+                agent_text,
+                timed_out,
+                self.agents.exitcodes([p.returncode for p in self.procs]),
+            ),
+            command=_rerun_line(self.spec, self.extra, self.argvs[0] if self.argvs else []),
+            startup=(self.gate_opened or end) - self.started,
+            problem=self.agents.problem(agent_text),
+            note=self.agents.note,
+        )
+        return self.result
+
+
+def launch(spec: LaunchSpec) -> LaunchResult:
+    """Run one torchrun launch to the end (or its timeout); never leaves a process behind."""
+    with terminate_as_interrupt():
+        running = RunningLaunch(spec)
+        try:
+            return running.wait()
+        finally:
+            running.kill()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While launches run, SIGTERM to pytest raises KeyboardInterrupt like Ctrl-C does, so the
+    code that kills every started launch runs instead of the process vanishing and leaving
+    torchrun agents (each in a session of its own) behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

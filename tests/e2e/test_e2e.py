@@ -1,0 +1,447 @@
+"""End to end: a pytest session in a subprocess launches real torchrun ranks on CPU/gloo."""
+
+import os
+
+import pytest
+from helpers import CPU, check_rng_report
+
+from pytest_resume_equiv.launch.devices import DeviceUnavailable, select_device
+
+
+def test_correct_trainer_passes(trainers):
+    """Two ranks, with the teeth check; the zoo's controls pass with 1 and 2 ranks too."""
+    trainers.makepyfile(
+        test_ok="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train
+
+        @resume_equivalent(steps=6, split=3, nproc=2)
+        def test_two_ranks(resume_equiv):
+            outcome = resume_equiv.run(train)
+            assert [v.comparison.compared_steps for v in outcome.verdicts] == [3]
+            assert outcome.teeth.status == "passed"
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "-v")
+    result.assert_outcomes(passed=1)
+    # -v: after the test, one line says what it proved
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: test_ok.py::test_two_ranks passed: launches uninterrupted, "
+            "resumed-split3, teeth-split3; split 3 equal over 3 steps; teeth check passed "
+            "(mutating every RNG stream changed the recorded values)"
+        ]
+    )
+    # passing tests remove their run directories (--resume-equiv-keep=failed)
+    assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
+    assert not list(trainers.path.glob("runpytest-0/resume-equiv-shared/*"))
+
+
+def test_cpu_rng_not_restored_fails_at_step_4(trainers):
+    trainers.makepyfile(
+        test_rng="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_forgets_cpu_rng
+
+        @resume_equivalent(steps=6, split=3, nproc=2)
+        def test_rng(resume_equiv):
+            resume_equiv.run(train_forgets_cpu_rng)
+        """
+    )
+    result = trainers.runpytest_subprocess(
+        *CPU, "--resume-equiv-report=report.json", "-v", "--junitxml=junit.xml"
+    )
+    result.assert_outcomes(failed=1)
+    # -v: a line per launch event; the end of the session: the summary table
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: uninterrupted (2 ranks): running, step 0/6 recorded on every rank*",
+            "*resume-equiv: uninterrupted (2 ranks): ok, step 6/6 recorded on every rank*",
+            "*resume-equiv: resumed-split3 (2 ranks): ok, step 6/6 recorded*",
+            "*resume-equiv: test_rng.py::test_rng failed: launches uninterrupted, resumed-split3, "
+            "uninterrupted-control; teeth check cancelled (the resume from step 3 diverged); "
+            "determinism control matched",
+            "*= resume equivalence =*",
+            "test * ranks * splits * launches * wall * verdict * first divergence",
+            "test_rng.py::test_rng * 2 * 3 * 3 * failed * split 3: step 4, rank 0, 'loss'",
+        ]
+    )
+    # the failure text holds one plot; on CI pytest repeats the whole text in the short summary
+    (plot_path,) = {x[len("plot: ") :] for x in result.stdout.lines if x.startswith("plot: ")}
+    with open(plot_path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"  # uninterrupted vs resumed, split marked
+    junit = (trainers.path / "junit.xml").read_text()
+    assert '<property name="resume_equiv_verdict" value="failed"' in junit
+    assert '<property name="resume_equiv_launches" value="3"' in junit
+    assert (
+        '<property name="resume_equiv_likely_cause" value="split 3: never restored: rank 0:'
+        in junit
+    )
+    assert '<property name="resume_equiv_teeth_check" value="cancelled: the resume' in junit
+    assert '<property name="resume_equiv_determinism_control" value="matched"' in junit
+    result.stdout.fnmatch_lines(
+        [
+            "*resumed training is not equivalent to the uninterrupted run*",
+            "*split 3: first divergence at step 4, rank 0, key 'loss': float differs*",
+            "*keys that differ at step 4: rank 0: loss, weight, rng:cpu; rank 1: loss, weight, rng:cpu*",
+            "*likely cause (never restored): rank 0: the CPU RNG (torch's default generator) was never restored (no set_rng_state call for it after the checkpoint was read)*torch.get_rng_state() / torch.set_rng_state()",
+            "*run directories (kept: --resume-equiv-keep=failed):*",
+            "*rerun the resumed launch by hand:*",
+            "*python* -m torch.distributed.run *--nproc-per-node=2*",
+        ]
+    )
+    text = result.stdout.str()
+    assert "  [- uninterrupted] " in text and "  [+ resumed]       " in text
+    assert "Traceback" not in text
+    kept = list(trainers.path.glob("runpytest-0/**/resumed-split3/signatures/rank-1.jsonl"))
+    assert len(kept) == 1
+
+    check_rng_report(trainers.path / "report.json")
+
+
+def test_split_list_runs_one_uninterrupted_and_two_resumed_launches(trainers):
+    trainers.makepyfile(
+        test_splits="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train
+
+        @resume_equivalent(steps=6, split=[2, 4], nproc=2, rng_mutation=False)
+        def test_splits(resume_equiv):
+            outcome = resume_equiv.run(train)
+            print("LAUNCHES", [r.spec.name for r in outcome.launches])
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-keep=all", "-s")
+    result.assert_outcomes(passed=1)
+    assert "LAUNCHES ['uninterrupted', 'resumed-split2', 'resumed-split4']" in result.stdout.str()
+    (root,) = trainers.path.glob("runpytest-0/resume-equiv-test_splits*")
+    assert sorted(p.name for p in root.iterdir()) == ["resumed-split2", "resumed-split4"]
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+    # the one uninterrupted launch lives where other tests with the same launch can reuse it
+    shared = trainers.path / "runpytest-0" / "resume-equiv-shared"
+    (baseline,) = [p for p in shared.iterdir() if p.is_dir()]
+    assert (baseline / "checkpoints" / "step_2").is_dir()
+    assert (baseline / "checkpoints" / "step_4").is_dir()
+    assert oct(shared.stat().st_mode & 0o777) == "0o700"
+
+
+def test_bad_marker_arguments_error_that_test_only(pytester):
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=6, split=3, nprocs=2)
+        def test_unknown_keyword(resume_equiv):
+            pass
+
+        @resume_equivalent(steps=4, split=4)
+        def test_split_too_large(resume_equiv):
+            pass
+
+        @pytest.mark.resume_equivalent(steps="six", split=3)
+        def test_bad_type(resume_equiv):
+            pass
+
+        def test_unrelated():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1, errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*@resume_equivalent: unknown keyword 'nprocs' (did you mean 'nproc'?); valid keywords: steps, split, nproc, nnodes, timeout, tolerance, env, rng_mutation, interrupt, ignore, resume_nproc, resume_nnodes, chain, noise, golden_checkpoint, crash_points, crash_refusal",
+            "*@resume_equivalent: invalid split=4: every split must be an int with 1 <= split < steps=4",
+            "*@resume_equivalent: invalid steps='six': must be an int >= 2",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+
+
+def _has_accelerator() -> bool:
+    try:
+        select_device("auto", 1)
+    except DeviceUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_has_accelerator(), reason="this machine has an accelerator: auto would use it")
+def test_auto_skips_without_accelerator_and_require_device_fails(pytester):
+    pytester.makepyfile(
+        test_auto="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=4, split=2)
+        def test_needs_device(resume_equiv):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "resume_equiv", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "resume-equiv: device=auto -> no accelerator, resume tests skip (default), timeout=600s (default), keep=failed (default)",
+            "*no accelerator found (looked for cuda, npu (torch_npu), xpu); pass --resume-equiv-device=cpu*",
+        ]
+    )
+    strict = pytester.runpytest_subprocess("-p", "resume_equiv", "--resume-equiv-require-device")
+    strict.assert_outcomes(errors=1)
+    strict.stdout.fnmatch_lines(["*no accelerator found*(--resume-equiv-require-device is set)"])
+
+    cuda = pytester.runpytest_subprocess("-p", "resume_equiv", "--resume-equiv-device=cuda", "-rs")
+    cuda.assert_outcomes(skipped=1)
+    cuda.stdout.fnmatch_lines(["*needs 2 cuda device(s), found 0*"])
+
+
+def test_missing_checkpoint_is_a_clear_error(trainers):
+    trainers.makepyfile(
+        test_ckpt="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_never_saves
+
+        @resume_equivalent(steps=4, split=2, nproc=1)
+        def test_ckpt(resume_equiv):
+            resume_equiv.run(train_never_saves)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the uninterrupted run did not save a checkpoint at */resume-equiv-shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*",
+        ]
+    )
+    assert "resumed-split2" not in result.stdout.str()  # no resumed launch was started
+
+
+def test_crashing_rank_shows_its_traceback(trainers):
+    trainers.makepyfile(
+        test_crash="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import train_rank1_raises
+
+        @resume_equivalent(steps=4, split=2, nproc=2)
+        def test_crash(resume_equiv):
+            resume_equiv.run(train_rank1_raises)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the uninterrupted launch (uninterrupted) failed (2 ranks, *",
+            "*rank 1: ValueError: boom on rank 1*",  # the rank that failed comes first
+            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*--- last lines of rank 1 stderr (*/logs/rank-1.stderr) ---*",
+            "*Traceback (most recent call last):*",
+            "*ValueError: boom on rank 1*",
+            "*rerun by hand: cd * && env *",
+        ]
+    )
+
+
+def test_torchrun_fixture_runs_scripts_modules_and_functions(trainers):
+    trainers.makepyfile(
+        hello_script="""
+        import os
+        print("script on rank", os.environ["RANK"])
+        """,
+        test_launch="""
+        from trainers import hello
+
+        def test_launch_modes(torchrun):
+            for command in (["hello_script.py"], ["-m", "hello_script"]):
+                result = torchrun(command, nproc=2)
+                assert result.ok and [r.status for r in result.ranks] == ["ok", "ok"]
+                with open(result.rank_log(1, "stdout")) as f:
+                    assert f.read() == "script on rank 1\\n"
+            result = torchrun(hello, nproc=2)
+            with open(result.rank_log(0, "stdout")) as f:
+                assert f.read() == "hello from rank 0 of 2\\n"
+            sigs = torchrun.signatures(result)
+            assert [sigs[r].steps[0][1]["rank"] for r in (0, 1)] == [0, 1]
+        """,
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1)
+
+
+def test_rank_killed_by_a_signal_is_a_failure(trainers):
+    trainers.makepyfile(
+        test_killed="""
+        from trainers import rank1_killed
+
+        def test_killed(torchrun):
+            torchrun(rank1_killed, nproc=3)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the torchrun launch (launch-1) failed*",
+            "*rank 1: killed by SIGKILL*",
+            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*rank 2: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*--- last lines of rank 1 stdout (*/logs/rank-1.stdout) ---*",
+            "*rank 1 says hello*",
+            "*--- last lines of rank 0 stdout (*/logs/rank-0.stdout) ---*",
+            "*rank 0 says hello*",
+            "*--- the other ranks' last lines ---*",
+            "*rank 2 (none): rank 2 says hello*",
+        ]
+    )
+
+
+def test_invalid_session_option_fails_marked_tests_only(pytester, monkeypatch):
+    monkeypatch.setenv("PYTEST_RESUME_EQUIV_TIMEOUT", "soon")
+    pytester.makepyfile(
+        test_opts="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=4, split=2)
+        def test_marked(resume_equiv):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*CPU)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "resume-equiv: invalid settings, resume tests will fail: invalid timeout 'soon' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT: expected a positive number of seconds",
+            "*pytest-resume-equiv: invalid timeout 'soon' from environment variable PYTEST_RESUME_EQUIV_TIMEOUT*",
+        ]
+    )
+
+
+def test_plugin_loads_with_autoload_disabled_and_can_be_disabled(pytester, monkeypatch):
+    pytester.makepyfile(
+        test_fixture="""
+        def test_uses_fixture(resume_equiv):
+            pass
+        """
+    )
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    loaded = pytester.runpytest_subprocess(
+        "-p", "resume_equiv", "--resume-equiv-device=cpu", "--resume-equiv-timeout=42"
+    )
+    loaded.assert_outcomes(errors=1)
+    loaded.stdout.fnmatch_lines(
+        [
+            "resume-equiv: device=cpu (command line --resume-equiv-device), timeout=42s (command line --resume-equiv-timeout), keep=failed (default)",
+            "*the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test*",
+        ]
+    )
+    markers = pytester.runpytest_subprocess("-p", "resume_equiv", "--markers")
+    markers.stdout.fnmatch_lines(
+        ["@pytest.mark.resume_equivalent(steps, split, nproc=2, nnodes=1, *"]
+    )
+    helptext = pytester.runpytest_subprocess("-p", "resume_equiv", "--help")
+    helptext.stdout.fnmatch_lines(
+        ["resume equivalence (pytest-resume-equiv):", "*--resume-equiv-device*"]
+    )
+
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    disabled = pytester.runpytest_subprocess("-p", "no:resume_equiv")
+    disabled.assert_outcomes(errors=1)
+    disabled.stdout.fnmatch_lines(["*fixture 'resume_equiv' not found*"])
+    assert "resume-equiv:" not in disabled.stdout.str()
+
+
+def test_run_dirs_are_private_and_removed_on_pass(trainers):
+    trainers.makepyfile(
+        test_private="""
+        import os, stat
+        from trainers import hello
+
+        def test_private(torchrun):
+            result = torchrun(hello, nproc=1)
+            root = os.path.dirname(result.spec.run_dir)
+            print("ROOT", root)
+            assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "-s")
+    result.assert_outcomes(passed=1)
+    (root,) = [x.split("ROOT ", 1)[1] for x in result.stdout.lines if "ROOT " in x]
+    assert root.startswith(str(trainers.path))
+    assert not os.path.exists(root)
+
+
+@pytest.mark.long(30)
+def test_a_signature_without_teeth_fails_the_teeth_check(trainers):
+    trainers.makepyfile(
+        test_teeth="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import no_randomness, toothless
+
+        @resume_equivalent(steps=5, split=2, nproc=1)
+        def test_teeth(resume_equiv):
+            resume_equiv.run(toothless)
+
+        @resume_equivalent(steps=5, split=2, nproc=1, rng_mutation=False)
+        def test_teeth_off(resume_equiv):
+            outcome = resume_equiv.run(toothless)
+            assert [r.spec.name for r in outcome.launches] == ["uninterrupted", "resumed-split2"]
+
+        @resume_equivalent(steps=5, split=2, nproc=1)
+        def test_nothing_random_needs_no_teeth(resume_equiv):
+            outcome = resume_equiv.run(no_randomness)
+            assert [r.spec.name for r in outcome.launches] == ["uninterrupted", "resumed-split2"]
+            assert outcome.teeth.status == "skipped"
+            assert "no audited RNG stream advances" in outcome.teeth.why
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU, "-v")
+    result.assert_outcomes(failed=1, passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*this test has no teeth: every RNG stream was mutated right after step 3 of a resumed run (launch teeth-split2), and the recorded values at steps 4-5 still matched*",
+        ]
+    )
+    assert "keep dropout on" in result.stdout.str()
+    # -v says why each passing test has no teeth check; the table says why the other failed
+    result.stdout.fnmatch_lines(
+        [
+            "*resume-equiv: test_teeth.py::test_teeth_off passed: launches uninterrupted*; "
+            "teeth check off (rng_mutation=False from marker @resume_equivalent(rng_mutation=...))",
+            "*resume-equiv: test_teeth.py::test_nothing_random_needs_no_teeth passed: *teeth check "
+            "skipped (no audited RNG stream advances after the split*",
+        ],
+        consecutive=False,
+    )
+    lines = result.stdout.lines
+    table = lines[next(i for i, x in enumerate(lines) if " resume equivalence " in x) :]
+    row = next(x for x in table if x.startswith("test_teeth.py::test_teeth "))
+    assert row.endswith(
+        "failed   no teeth: the recorded values matched with every RNG stream mutated"
+    )
+
+
+def test_nondeterministic_training_is_not_blamed_on_the_resume(trainers):
+    trainers.makepyfile(
+        test_nondet="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import nondeterministic
+
+        @resume_equivalent(steps=4, split=2, nproc=1)
+        def test_nondet(resume_equiv):
+            resume_equiv.run(nondeterministic)
+        """
+    )
+    result = trainers.runpytest_subprocess(*CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*training is not deterministic even without a resume: a second uninterrupted run differs from the first (first at step 1, rank 0, key 'value'*the resume is not to blame.",
+            "*torch.use_deterministic_algorithms(True)*",
+            "test_nondet.py::test_nondet * failed * not deterministic without a resume: step 1, rank 0, 'value'",
+        ]
+    )
+    assert "likely cause" not in result.stdout.str()

@@ -1,0 +1,170 @@
+"""The fork server: a forked rank is a fresh process with torchrun's environment, a launch
+that the server cannot serve starts plainly and says why, a preload module that would make
+forking unsafe is refused, and nothing outlives pytest, even after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from helpers import interrupt_long_test, processes_mentioning
+
+from pytest_resume_equiv.errors import ResumeEquivError
+from pytest_resume_equiv.launch.agents import OneRank, Standalone
+from pytest_resume_equiv.launch.forked import Forked, ForkServer, agents_for, fork_refusal
+from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
+from pytest_resume_equiv.launch.spec import default_env
+from pytest_resume_equiv.rank.context import LaunchContext
+from pytest_resume_equiv.settings import parse_preload
+
+# Each rank writes what a fresh process would have: its RNG streams as the bootstrap left
+# them, the torchrun variables, its process group, and whether a module global set by the
+# previous launch leaked into it.
+PROBE = """
+import json, os, random, sys
+import numpy, torch
+import pytest_resume_equiv.rank.bootstrap as bootstrap
+
+leaked = getattr(bootstrap, "_set_by_a_previous_launch", None)
+bootstrap._set_by_a_previous_launch = os.getpid()
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_SIGNALS_TO_HANDLE")
+torch.distributed.init_process_group("gloo")
+facts = {
+    "leaked": leaked,
+    "initial_seed": torch.initial_seed(),
+    "torch": torch.rand(4).tolist(),
+    "python": random.random(),
+    "numpy": float(numpy.random.rand()),
+    "generator": torch.Generator().initial_seed(),
+    "env": {k: os.environ.get(k) for k in keys},
+    "torchelastic": sorted(k for k in os.environ if k.startswith(("TORCHELASTIC_", "MASTER_"))),
+    "own_group": os.getpgid(0) == os.getpid(),
+    "cwd": os.getcwd(),
+    "path0": sys.path[0],
+    "threads": torch.get_num_threads(),
+    "cuda": torch.cuda.is_initialized(),
+}
+torch.distributed.destroy_process_group()
+rank = os.environ["RANK"]
+with open(os.path.join(os.environ["PROBE_DIR"], f"{os.environ['PROBE_TAG']}-{rank}.json"), "w") as f:
+    json.dump(facts, f)
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    yield script
+    ForkServer.stop_all()
+
+
+def _launch(tmp_path, script, tag, nproc, fork, env=None):
+    run_dir = tmp_path / f"run-{tag}"
+    run_dir.mkdir(mode=0o700)
+    spec = LaunchSpec(
+        tag,
+        Target("script", str(script)),
+        str(run_dir),
+        nproc,
+        1,
+        120.0,
+        LaunchContext("launch", str(run_dir), "cpu", "gloo", seed=0),
+        {"PROBE_DIR": str(tmp_path), "PROBE_TAG": tag, **(env or {})},
+        str(tmp_path),
+        fork_server=fork,
+    )
+    result = launch(spec)
+    assert result.ok, [result.tail(result.rank_log(r)) for r in range(nproc)]
+    return result, [json.loads((tmp_path / f"{tag}-{r}.json").read_text()) for r in range(nproc)]
+
+
+def test_a_forked_rank_is_a_fresh_process_with_torchruns_environment(tmp_path, probe):
+    _, plain = _launch(tmp_path, probe, "plain", 2, fork=False)  # torchrun --standalone
+    first, forked = _launch(tmp_path, probe, "forked", 2, fork=True)
+    _, again = _launch(tmp_path, probe, "again", 2, fork=True)
+    assert len(first.returncodes) == 2  # one process per rank, no agent
+    for rank in range(2):
+        for facts in (forked[rank], again[rank]):
+            assert facts["leaked"] is None  # the previous launch's module global is not here
+            for key in ("initial_seed", "torch", "python", "numpy", "generator", "env"):
+                assert facts[key] == plain[rank][key], key
+            assert facts["torchelastic"] == plain[rank]["torchelastic"]
+            assert facts["own_group"] and not facts["cuda"]
+            assert facts["cwd"] == plain[rank]["cwd"] == str(tmp_path)
+            assert facts["path0"] == str(tmp_path)  # sys.path[0] of `python -m` in the cwd
+            assert facts["threads"] == plain[rank]["threads"]
+    assert forked[0]["python"] != forked[1]["python"]  # seeded per rank, as today
+
+
+def test_one_rank_forked_matches_its_plain_start(tmp_path, probe):
+    _, plain = _launch(tmp_path, probe, "plain", 1, fork=False)
+    _, forked = _launch(tmp_path, probe, "forked", 1, fork=True)
+    for key in ("initial_seed", "torch", "python", "numpy", "env", "torchelastic"):
+        assert forked[0][key] == plain[0][key], key
+
+
+def _spec(tmp_path, env, nproc=2, nnodes=1, launcher="local", fork=True):
+    context = LaunchContext("launch", str(tmp_path), "cpu", "gloo", seed=0)
+    return LaunchSpec(
+        "x",
+        Target("script", "t.py"),
+        str(tmp_path),
+        nproc,
+        nnodes,
+        60.0,
+        context,
+        env,
+        launcher=launcher,
+        fork_server=fork,
+    )
+
+
+def test_an_import_time_switch_in_env_starts_plainly_and_says_why(tmp_path):
+    spec = _spec(tmp_path, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    agents = agents_for(spec, {**os.environ, **default_env(), **spec.env})
+    assert isinstance(agents, Standalone)
+    assert agents.note == (
+        "started without the fork server: its environment changes "
+        "PYTORCH_NO_CUDA_MEMORY_CACHING, read when torch is imported"
+    )
+    assert "LD_PRELOAD" in fork_refusal({}, {"LD_PRELOAD": "x.so"})
+    assert fork_refusal({}, {"CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": "x", "A": "b"}) == ""
+
+
+def test_server_off_nodes_and_slurm_keep_todays_agents(tmp_path):
+    env = dict(os.environ)
+    assert isinstance(agents_for(_spec(tmp_path, {}, nproc=1, fork=False), env), OneRank)
+    assert not isinstance(agents_for(_spec(tmp_path, {}, nnodes=2), env), Forked)
+    assert not isinstance(agents_for(_spec(tmp_path, {}, launcher="slurm"), env), Forked)
+
+
+def test_a_preload_module_that_starts_a_thread_is_refused_by_name(tmp_path, monkeypatch):
+    (tmp_path / "spins_up.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with pytest.raises(ResumeEquivError, match="preload module 'spins_up' starts threads"):
+        ForkServer.get(("spins_up",))
+    ForkServer.stop_all()
+
+
+def test_preload_setting_takes_module_names():
+    assert parse_preload("transformers, diffusers.models") == ("transformers", "diffusers.models")
+    with pytest.raises(ValueError, match="'not a module' is not a module name"):
+        parse_preload("not a module")
+
+
+def test_sigkill_of_pytest_leaves_no_server_and_no_rank(trainers, tmp_path):
+    code, _ = interrupt_long_test(trainers, tmp_path, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    deadline = time.monotonic() + 30  # a bounded wait for the kernel's death signals
+    while processes_mentioning(str(trainers.path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(trainers.path)) == []

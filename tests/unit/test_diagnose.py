@@ -1,0 +1,387 @@
+"""The diagnosis rules on hand-made signatures: resume-point snapshots, restore logs and draws
+written by hand, one look-alike against another. No launches."""
+
+import pytest
+
+from pytest_resume_equiv.compare.diff import compare_runs
+from pytest_resume_equiv.diagnose import diagnose
+from pytest_resume_equiv.rank.encode import encode
+from pytest_resume_equiv.signature import Signature
+
+SPLIT = 3
+
+
+def point(rng=None, watch=None, draws=(), restores=0, checkpoint=None, time_ns=100, at=None):
+    return {
+        "split": SPLIT,
+        "at": at or "train.py:50",
+        "time_ns": time_ns,
+        "rng": {"cpu": "c0", **(rng or {})},
+        "watch": watch or {},
+        "checkpoint": checkpoint,
+        "draws": [
+            {"op": op, "stream": stream, "at": at, "after_restores": after, "shape": None}
+            | ({"time_ns": when[0]} if when else {})
+            for op, stream, at, after, *when in draws
+        ],
+        "restores": restores,
+    }
+
+
+def restore(call, what, at="train.py:20"):
+    return {"call": call, "what": what, "at": at, "after_step": None}
+
+
+def run(phase, steps, values, rank=0, points=(), restores=(), files=()):
+    """One rank's signature: `values(step)` -> the step's record (user keys and audit keys)."""
+    header = {"rank": rank, "world_size": 1, "phase": phase}
+    recorded = [
+        (s, {k: encode(v, k) if ":" not in k else v for k, v in values(s).items()}) for s in steps
+    ]
+    return Signature(
+        f"{phase}/rank-{rank}.jsonl",
+        header,
+        recorded,
+        complete=True,
+        restores=list(restores),
+        resume_points=list(points),
+        files=list(files),
+    )
+
+
+def diagnosis(
+    base_point, res_point, restores, base_values=None, res_values=None, files=(), res_files=()
+):
+    """Diagnose a resume whose loss and CPU stream differ from step 4 on."""
+    base_values = base_values or (lambda s: {"loss": s / 2, "rng:cpu": f"c{s}"})
+    res_values = res_values or (lambda s: {"loss": s / 3, "rng:cpu": f"x{s}"})
+    base = {0: run("uninterrupted", range(1, 7), base_values, points=[base_point], files=files)}
+    res = {
+        0: run(
+            "resumed",
+            range(4, 7),
+            res_values,
+            points=[res_point],
+            restores=restores,
+            files=res_files,
+        )
+    }
+    cmp = compare_runs(base, res, SPLIT, 6)
+    assert not cmp.equal
+    return diagnose(cmp, base, res)
+
+
+LOAD = restore("torch.load", "file /ckpt/step_3/rank-0.pt")
+SEED = restore("torch.manual_seed", "rng:cpu", at="train.py:5")
+
+
+def test_a_stream_seeded_before_the_load_and_not_restored_was_never_restored():
+    d = diagnosis(point(), point(rng={"cpu": "x"}, restores=2), [SEED, LOAD])
+    assert d.bug_class == "never restored"
+    assert "the CPU RNG (torch's default generator) was never restored" in d.cause
+    assert "Fix: save and restore it, torch.get_rng_state() / torch.set_rng_state()" in d.cause
+
+
+def test_a_stream_seeded_after_the_load_was_re_seeded():
+    later = restore("torch.manual_seed", "rng:cpu", at="train.py:40")
+    d = diagnosis(point(), point(rng={"cpu": "x"}, restores=2), [LOAD, later])
+    assert d.bug_class == "re-seeded after loading" and "train.py:40" in d.cause
+
+
+def test_restored_then_advanced_names_the_op_and_its_line_not_a_missing_restore():
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    draws = [("random_", "rng:cpu", "train.py:33", 2), ("random_", "rng:cpu", "train.py:33", 2)]
+    base = point(draws=[("randn", "rng:cpu", "train.py:60", 0)])
+    res = point(
+        rng={"cpu": "x"}, restores=2, draws=[*draws, ("randn", "rng:cpu", "train.py:60", 2)]
+    )
+    d = diagnosis(base, res, [LOAD, set_state])
+    assert d.bug_class == "restored then advanced"
+    assert (
+        "was restored (torch.set_rng_state at train.py:30) and then advanced by 2 draws" in d.cause
+    )
+    assert "random_ at train.py:33 (2 times)" in d.cause and "randn" not in d.cause
+
+
+def test_restored_too_late_when_the_resumed_run_drew_before_the_restore():
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    base = point(draws=[("randn", "rng:cpu", "collate.py:9", 0)])
+    res = point(rng={"cpu": "x"}, restores=2, draws=[("randn", "rng:cpu", "collate.py:9", 1)])
+    d = diagnosis(base, res, [LOAD, set_state])
+    assert d.bug_class == "restored too late"
+    assert "only after it had been drawn from (randn at collate.py:9)" in d.cause
+
+
+def test_a_rank_holding_another_ranks_saved_state():
+    base = {
+        r: run(
+            "uninterrupted",
+            range(1, 7),
+            lambda s, r=r: {"loss": 1.0, "rng:cpu": f"r{r}s{s}"},
+            rank=r,
+            points=[point(rng={"cpu": f"r{r}"})],
+        )
+        for r in (0, 1)
+    }
+    res = {
+        r: run(
+            "resumed",
+            range(4, 7),
+            lambda s: {"loss": 1.0, "rng:cpu": f"r0s{s}"},
+            rank=r,
+            points=[point(rng={"cpu": "r0"}, restores=2)],
+            restores=[LOAD, restore("torch.set_rng_state", "rng:cpu")],
+        )
+        for r in (0, 1)
+    }
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "restored from another rank"
+    assert d.cause.startswith("rank 1: at the resume point rng:cpu equals rank 0's saved state")
+
+
+def test_train_eval_flags_come_before_any_rng_explanation():
+    flags_base = {"model.modes": [], "model.params": {}}
+    flags_res = {"model.modes": ["<root>", "drop"], "model.params": {}}
+    d = diagnosis(
+        point(watch=flags_base), point(rng={"cpu": "x"}, watch=flags_res, restores=1), [LOAD]
+    )
+    assert d.bug_class == "left in the wrong mode"
+    assert "<root>, drop in eval mode in the resumed run only" in d.cause
+
+
+def test_flags_of_snapshots_taken_at_different_places_are_no_wrong_mode():
+    """The resumed snapshot at an eval's forward, the uninterrupted one at resume_point():
+    eval mode there says nothing about the restore."""
+    flags_base = {"model.modes": [], "model.params": {}}
+    flags_res = {"model.modes": ["<root>", "drop"], "model.params": {}}
+    at_eval = "first forward of GPT at train.py:31"
+    d = diagnosis(point(watch=flags_base), point(watch=flags_res, restores=1, at=at_eval), [LOAD])
+    assert d is None or d.bug_class != "left in the wrong mode"
+
+
+def saved(op, after_step, time_ns, path="/ckpt/step_3/rank-0.pt", thread=None):
+    event = {"op": op, "path": path, "after_step": after_step, "time_ns": time_ns}
+    return {**event, "thread": thread} if thread else event
+
+
+def test_a_rewritten_checkpoint_and_a_late_one_are_told_apart_by_the_saving_runs_events():
+    """The uninterrupted run's resume point at t=100, the resumed run's at t=1000."""
+    ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 50}
+    base, res = point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=ckpt, time_ns=1000)
+    at_split = saved("torch.save", 3, 50)
+    rewritten = diagnosis(base, res, [LOAD], files=[at_split, saved("torch.save", 5, 300)])
+    assert rewritten.bug_class == "restored from another step"
+    assert (
+        "was written again by the uninterrupted run after it saved it at step 3" in rewritten.cause
+    )
+    assert "torch.save(rank-0.pt) after step 5" in rewritten.cause
+    assert "put {split} in the checkpoint path" in rewritten.cause
+    late = diagnosis(base, res, [LOAD], files=[saved("torch.save", 4, 300)])
+    assert late.bug_class == "torn checkpoint" and "was not on disk when" in late.cause
+    behind = diagnosis(base, res, [LOAD], files=[at_split, saved("open", 3, 150, thread="saver")])
+    assert behind.bug_class == "torn checkpoint" and "in thread 'saver'" in behind.cause
+
+
+def test_a_checkpoint_the_resumed_run_writes_back_into_or_rewritten_after_it_loaded_is_no_cause():
+    ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 5000}
+    base, res = point(checkpoint=ckpt), point(rng={"cpu": "x"}, checkpoint=ckpt, time_ns=1000)
+    own = [saved("torch.save", 4, 1200)]  # the resumed run saves its state into that folder
+    after = [saved("torch.save", 3, 50), saved("torch.save", 5, 2000)]  # after the load
+    for d in (
+        diagnosis(base, res, [LOAD], files=[saved("torch.save", 3, 50)], res_files=own),
+        diagnosis(base, res, [LOAD], files=after),
+    ):
+        assert d.bug_class == "never restored"  # the checkpoint is not the cause
+
+
+OPT = {"optimizer.lr": [0.1], "optimizer.hyper": [{}], "optimizer.params": {}}
+
+
+@pytest.mark.parametrize(
+    ("base_watch", "res_watch", "log", "bug_class", "words"),
+    [
+        (
+            {**OPT, "optimizer.state": {"w": {"step": 3, "exp_avg": "a"}}},
+            {**OPT, "optimizer.state": {"w": {}}},
+            [LOAD],
+            "optimizer never restored",
+            "the optimizer 'optimizer' was never restored",
+        ),
+        (
+            {**OPT, "optimizer.state": {"w": {"step": 3, "exp_avg": "a"}}},
+            {**OPT, "optimizer.state": {"w": {}}},
+            [LOAD, restore("Optimizer.load_state_dict", "watch:optimizer")],
+            "optimizer state missing",
+            "is missing or partial at the resume point (no entries for w)",
+        ),
+        (
+            {"scheduler.last_lr": [0.1], "scheduler.last_epoch": 3},
+            {"scheduler.last_lr": [0.2], "scheduler.last_epoch": 4},
+            [LOAD, restore("LRScheduler.load_state_dict", "watch:scheduler")],
+            "LR scheduler off by one",
+            "is one step ahead at the resume point",
+        ),
+        (
+            {"scheduler.last_lr": [0.1], "scheduler.last_epoch": 3},
+            {"scheduler.last_lr": [0.2], "scheduler.last_epoch": 0},
+            [LOAD],
+            "scheduler never restored",
+            "warmup restarts",
+        ),
+        (
+            {
+                "model.params": {"w": {"hash": "a", "norm": encode(1.0, "n")}},
+                "model.buffers": {"rm": "a"},
+                "model.modes": [],
+            },
+            {
+                "model.params": {"w": {"hash": "a", "norm": encode(1.0, "n")}},
+                "model.buffers": {"rm": "b"},
+                "model.modes": [],
+            },
+            [LOAD, restore("Module.load_state_dict", "watch:model")],
+            "buffers",
+            "buffer rm differs at the resume point",
+        ),
+        (
+            {"model.params": {"w": {"hash": "a", "norm": encode(1.0, "n")}}, "model.modes": []},
+            {"model.params": {"w": {"hash": "b", "norm": encode(1.001, "n")}}, "model.modes": []},
+            [LOAD, restore("Module.load_state_dict", "watch:model")],
+            "restored at reduced precision",
+            "differ only at low-precision rounding level",
+        ),
+        (
+            {"ema.state": {"n": 3}},
+            {"ema.state": {"n": 0}},
+            [LOAD],
+            "watched state",
+            "'ema' differs from the uninterrupted run's at the resume point (ema.state n)",
+        ),
+    ],
+)
+def test_objects_at_the_resume_point(base_watch, res_watch, log, bug_class, words):
+    d = diagnosis(point(watch=base_watch), point(watch=res_watch, restores=len(log)), log)
+    assert d.bug_class == bug_class, d.cause
+    assert words in d.cause
+
+
+def test_weights_that_equal_a_later_step_are_a_torn_checkpoint():
+    def params(step):
+        return {"w": {"hash": f"h{step}", "norm": encode(float(step), "n")}}
+
+    def base_values(step):
+        return {"loss": 1.0, "rng:cpu": "c", "watch:model.params": params(step)}
+
+    base = point(watch={"model.params": params(3), "model.modes": []})
+    res = point(watch={"model.params": params(4), "model.modes": []}, restores=2)
+    log = [LOAD, restore("Module.load_state_dict", "watch:model")]
+    d = diagnosis(
+        base,
+        res,
+        log,
+        base_values=base_values,
+        res_values=lambda s: {"loss": 2.0, "rng:cpu": "c", "watch:model.params": params(s + 1)},
+    )
+    assert d.bug_class == "torn checkpoint"
+    assert "holds 'model' (its parameters) as it was after step 4" in d.cause
+    assert "a staging race" in d.cause
+
+
+def test_optimizer_state_from_the_next_step_is_named_a_staging_race():
+    """pytorch#144657: the checkpoint of step 3 holds the optimizer's moments of step 4 beside
+    step 3's parameters."""
+
+    def state(step):
+        return {"0": {"step": step, "exp_avg": f"m{step}"}}
+
+    def base_values(step):
+        return {"loss": 1.0, "watch:opt.state": state(step), "watch:opt.lr": [0.1]}
+
+    optimizer = {"opt.state": state(3), "opt.lr": [0.1]}
+    base = point(watch=optimizer)
+    res = point(watch={**optimizer, "opt.state": state(4)}, restores=2)
+    log = [LOAD, restore("Optimizer.load_state_dict", "watch:opt")]
+    d = diagnosis(
+        base,
+        res,
+        log,
+        base_values=base_values,
+        res_values=lambda s: {**base_values(s + 1), "loss": 2.0},
+    )
+    assert d.bug_class == "torn checkpoint"
+    assert "holds 'opt' (its state (moments, step counts)) as it was after step 4" in d.cause
+    assert "contents are from a later step than it claims, a staging race" in d.cause
+
+
+def test_without_a_resume_point_the_first_divergent_step_decides():
+    base = {
+        0: run("uninterrupted", range(1, 7), lambda s: {"loss": 1.0, "ids": [s], "rng:cpu": "c"})
+    }
+    res = {0: run("resumed", range(4, 7), lambda s: {"loss": 1.0, "ids": [s + 1], "rng:cpu": "c"})}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order" and "sample ids differ (ids)" in d.cause
+
+
+def test_a_data_order_difference_gets_a_lead_about_a_draw_before_a_restore():
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    same = point(restores=2, draws=[("random_", "rng:cpu", "loader.py:9", 1)])
+    base = {
+        0: run(
+            "uninterrupted", range(1, 7), lambda s: {"ids": [s], "rng:cpu": "c"}, points=[point()]
+        )
+    }
+    res = {
+        0: run(
+            "resumed",
+            range(4, 7),
+            lambda s: {"ids": [s + 1], "rng:cpu": "c"},
+            points=[same],
+            restores=[LOAD, set_state],
+        )
+    }
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order"
+    assert any(
+        "was drawn from (random_ at loader.py:9) before it was restored" in n for n in d.notes
+    )
+
+
+@pytest.mark.parametrize("key", ["ids", "x"])
+def test_a_batch_lost_at_the_resume_names_the_prefetch_and_the_skip_count(key):
+    """The first resumed step consumed the uninterrupted run's next batch: one batch lost."""
+    base = {0: run("uninterrupted", range(1, 7), lambda s: {key: [s], "rng:cpu": "c"})}
+    res = {0: run("resumed", range(4, 7), lambda s: {key: [s + 1], "rng:cpu": "c"})}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order"
+    assert "consumed the batch the uninterrupted run consumed at step 5" in d.cause
+    assert "prefetched" in d.cause and "number of batches skipped" in d.cause
+
+
+def test_another_order_is_no_lost_batch():
+    base = {0: run("uninterrupted", range(1, 7), lambda s: {"ids": [s], "rng:cpu": "c"})}
+    res = {0: run("resumed", range(4, 7), lambda s: {"ids": [s + 10], "rng:cpu": "c"})}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order" and "lost" not in d.cause
+
+
+def test_an_eval_the_resumed_run_repeats_before_its_first_step_is_named():
+    """Rank 0 evaluates at the top of the iteration that saves (its batches from the CPU RNG):
+    the uninterrupted run draws them before writing the checkpoint, the resumed run again after
+    restoring it. The same code ran once in each run: named as a repeat, not a bad restore."""
+    ckpt = {"path": "/ckpt/step_3", "files": 1, "latest_ns": 50}
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    eval_draws = [("randint", "rng:cpu", "train.py:61", 0, 10)] * 4
+    base = point(checkpoint=ckpt, draws=eval_draws)
+    res = point(
+        rng={"cpu": "x"},
+        checkpoint=ckpt,
+        restores=2,
+        draws=[("randint", "rng:cpu", "train.py:61", 2, 900)] * 4,
+    )
+    save = saved("torch.save", 3, 20)
+    d = diagnosis(base, res, [LOAD, set_state], files=[save])
+    assert d.bug_class == "repeated before the resume"
+    assert "repeats code the uninterrupted run ran before it wrote the checkpoint" in d.cause
+    assert "randint at train.py:61 (4 times)" in d.cause
+    # without the save's events nothing tells the repeat: the draws are the same in both
+    assert diagnosis(base, res, [LOAD, set_state]).bug_class != "repeated before the resume"

@@ -1,0 +1,204 @@
+"""Inside a rank: the restore log, the resume-point snapshot and the draw trace, in-process."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import pytest_resume_equiv as req
+from pytest_resume_equiv.rank.context import current
+from pytest_resume_equiv.signature import read_signature
+
+
+@pytest.fixture
+def audited(in_rank):
+    """A rank with the bootstrap's audit installed (restores logged, forwards hooked), in a
+    fresh rank state; taken out again at the end."""
+
+    def enter(**kwargs):
+        run_dir = in_rank(**kwargs)
+        current().install()
+        return run_dir
+
+    yield enter
+    current().uninstall()
+
+
+def signature(run_dir):
+    current().close()
+    return read_signature(os.path.join(run_dir, "signatures", "rank-0.jsonl"))
+
+
+def test_restores_are_logged_with_their_line_and_named_as_the_audit_names_them(audited):
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Linear(2, 2)
+    state = model.state_dict()
+    cpu = torch.get_rng_state()
+    owned, made = torch.Generator().manual_seed(1), _line()
+    here = f"tests/unit/test_restore.py:{_line() + 1}"
+    model.load_state_dict(state)
+    torch.set_rng_state(cpu)
+    np.random.set_state(np.random.get_state())
+    random.setstate(random.getstate())
+    owned.set_state(owned.get_state())
+    req.watch(model=model)  # after the load: the log still names it as watched
+    req.record(3, loss=1.0)
+    log = signature(run_dir).restores
+    assert [(e["call"], e["what"]) for e in log] == [
+        ("Generator.manual_seed", f"rng:generator tests/unit/test_restore.py:{made} #0"),
+        ("Module.load_state_dict", "watch:model"),
+        ("torch.set_rng_state", "rng:cpu"),
+        ("numpy.random.set_state", "rng:numpy"),
+        ("random.setstate", "rng:python"),
+        ("Generator.set_state", f"rng:generator tests/unit/test_restore.py:{made} #0"),
+    ]
+    assert log[1]["at"] == here and log[1]["after_step"] is None
+
+
+def test_device_stream_restores_are_named_by_device(audited):
+    """Without an accelerator torch queues these calls until the device is initialized: the
+    log still names the stream each one restores, as the audit names it."""
+    run_dir = audited(phase="resumed", split=2)
+    torch.cuda.manual_seed_all(3)
+    torch.cuda.set_rng_state(torch.get_rng_state(), device=torch.device("cuda", 1))
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.manual_seed_all", "rng:cuda:*"),
+        ("torch.cuda.set_rng_state", "rng:cuda:1"),
+    ]
+
+
+def test_device_restores_name_the_device_however_it_is_given(audited, monkeypatch):
+    """An index, "cuda:1", torch.device("cuda") (the current device) or nothing; through
+    torch.cuda or torch.cuda.random (HF Trainer's path): each names the stream it restores."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    run_dir = audited(phase="resumed", split=2)
+    state = torch.get_rng_state()
+    torch.cuda.set_rng_state(state, "cuda:1")
+    torch.cuda.set_rng_state(state, torch.device("cuda"))
+    torch.cuda.set_rng_state(state)
+    torch.cuda.random.set_rng_state(state, 2)
+    torch.cuda.random.set_rng_state_all([state])
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.set_rng_state", "rng:cuda:1"),
+        ("torch.cuda.set_rng_state", "rng:cuda:3"),
+        ("torch.cuda.set_rng_state", "rng:cuda:3"),
+        ("torch.cuda.set_rng_state", "rng:cuda:2"),
+        ("torch.cuda.set_rng_state_all", "rng:cuda:*"),
+    ]
+
+
+def test_rng_states_torch_puts_back_itself_are_not_restores(audited):
+    """fork_rng and activation checkpointing's recompute set RNG states again: torch's own
+    bookkeeping, not a restore of the user's (it would read as a re-seeding after the load)."""
+    run_dir = audited(phase="resumed", split=2)
+    layer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    x = torch.ones(3, 2, requires_grad=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.rand(2)
+    out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+    out.sum().backward()
+    torch.set_rng_state(torch.get_rng_state())  # the user's own: logged
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.set_rng_state", "rng:cpu"),
+    ]
+
+
+def test_the_resume_point_is_the_first_forward_with_the_draws_since_the_last_restore(audited):
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    state = torch.get_rng_state()
+    torch.rand(3)  # before the last restore: cannot have advanced what it restored
+    torch.set_rng_state(state)
+    loader = torch.utils.data.DataLoader(list(range(4)), shuffle=True)
+    next(iter(loader))  # the iterator draws its base seed, then the sampler draws
+    model(torch.ones(1, 2))
+    req.record(3, loss=1.0)
+    (point,) = signature(run_dir).resume_points
+    assert point["split"] == 2 and point["at"].startswith("first forward of Sequential at ")
+    assert point["rng"]["cpu"] and point["checkpoint"] is None
+    ops = [(d["op"], d["stream"]) for d in point["draws"]]
+    assert ("random_", "rng:cpu") in ops and ("rand", "rng:cpu") not in ops
+    assert all(
+        d["at"].startswith("tests/unit/test_restore.py:") or "dataloader" in d["at"]
+        for d in point["draws"]
+    )
+
+
+def test_a_resume_point_call_after_an_eval_forward_is_the_point(audited):
+    """Rank 0 evaluates before its training step, which calls resume_point(): the snapshot is
+    taken at that call (where the uninterrupted run takes it), not at the eval's forward, and
+    says a forward came first; the eval's draws are in its window."""
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    torch.set_rng_state(torch.get_rng_state())
+    model.eval()
+    torch.randint(0, 4, (2,))  # the eval samples its batch from the CPU RNG
+    model(torch.ones(1, 2))  # the eval's forward
+    model.train()
+    here = f"tests/unit/test_restore.py:{_line() + 1}"
+    req.resume_point()
+    model(torch.ones(1, 2))
+    req.record(3, loss=1.0)
+    (point,) = signature(run_dir).resume_points
+    assert point["at"] == here
+    assert point["forward_before"].startswith("first forward of Sequential at ")
+    assert ("randint", "rng:cpu") in [(d["op"], d["stream"]) for d in point["draws"]]
+
+
+def test_without_a_resume_point_call_the_first_forward_is_the_point(audited):
+    run_dir = audited(phase="resumed", split=2)
+    model = torch.nn.Linear(2, 2)
+    model(torch.ones(1, 2))
+    model(torch.ones(1, 2))
+    req.record(3, loss=1.0)
+    req.record(4, loss=1.0)
+    (point,) = signature(run_dir).resume_points
+    assert point["at"].startswith("first forward of Linear at ") and "forward_before" not in point
+
+
+def test_the_uninterrupted_run_takes_it_after_recording_the_split(audited):
+    run_dir = audited(phase="uninterrupted", split=2, steps=4)
+    model = torch.nn.Linear(2, 2)
+    for step in (1, 2, 3):
+        req.resume_point()  # explicit: forwards no longer count
+        model(torch.ones(1, 2))
+        if step == 2:
+            random.random()  # after record(1), before record(2): not in the window
+        req.record(step, loss=float(step))
+        if step == 2:
+            np.random.rand()  # in the window: between record(split) and the resume point
+    (point,) = signature(run_dir).resume_points
+    assert point["split"] == 2 and point["at"].startswith("tests/unit/test_restore.py:")
+    assert [(d["op"], d["stream"]) for d in point["draws"]] == [("rand", "rng:numpy")]
+
+
+def test_plugin_seeding_and_the_teeth_mutation_are_not_restores(audited):
+    run_dir = audited(phase="teeth", split=2)
+    with current().restores.unlogged():
+        torch.manual_seed(5)
+    req.record(3, loss=1.0)  # the teeth phase mutates every stream after its first record
+    req.record(4, loss=1.0)
+    assert signature(run_dir).restores == []
+
+
+def test_an_ignored_generator_is_listed_not_audited(audited):
+    run_dir = audited(phase="uninterrupted")
+    kept, left = torch.Generator(), torch.Generator()
+    req.track(left, "eval noise", ignore=True)
+    req.record(1, loss=1.0)
+    sig = signature(run_dir)
+    streams = {k for k in sig.steps[0][1] if k.startswith("rng:generator")}
+    assert not any("eval noise" in k for k in streams) and len(streams) == 1
+    assert sig.ignored == ["rng:generator eval noise"]
+    del kept
+
+
+def _line():
+    import sys
+
+    return sys._getframe(1).f_lineno
