@@ -33,11 +33,12 @@ MARKER = "resume_equivalent"
 MARKER_DOC = (
     "resume_equivalent(steps, split, nproc=2, nnodes=1, timeout=None, tolerance=None, env=None, "
     "rng_mutation=True, interrupt='continue', ignore=None, resume_nproc=None, resume_nnodes=None, "
-    "chain=False, noise='auto', golden_checkpoint=False): run the test's trainer under torchrun "
-    "uninterrupted and resumed from the checkpoint saved at `split` (an int or a list), and "
-    "require every rank to record the same values at every step after it. See "
-    "pytest-resume-equiv's README."
+    "chain=False, noise='auto', golden_checkpoint=False, crash_points=None, "
+    "crash_refusal='pass'): run the test's trainer under torchrun uninterrupted and resumed "
+    "from the checkpoint saved at `split` (an int or a list), and require every rank to record "
+    "the same values at every step after it. See pytest-resume-equiv's docs/reference/marker.md."
 )
+"""The `pytest --markers` line; names every keyword, like the marker reference."""
 
 SESSION_KEY = pytest.StashKey[ResumeEquivSession]()
 TEST_KEY = pytest.StashKey[tuple[TestSettings, Device]]()
