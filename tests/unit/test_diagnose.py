@@ -396,11 +396,12 @@ RNG: re-derived from the CPU stream."""
 
 def judged(base_point, res_point, restores, base_values, res_values):
     from pytest_resume_equiv.checks.resume import judge_resume
-    from pytest_resume_equiv.compare.comparators import Exact, Rules
+    from pytest_resume_equiv.compare.comparators import Exact
+    from pytest_resume_equiv.compare.tolerance import ComparisonRules
 
     base = {0: run("uninterrupted", range(1, 7), base_values, points=[base_point])}
     res = {0: run("resumed", range(4, 7), res_values, points=[res_point], restores=restores)}
-    return judge_resume(base, res, SPLIT, Exact(Rules(6)), "resume", "split 3")
+    return judge_resume(base, res, SPLIT, Exact(ComparisonRules(6)), "resume", "split 3")
 
 
 def with_generator(site, state):
