@@ -35,7 +35,7 @@ NOISE = NoiseFacts(
     "uninterrupted", ["/r/a"], 1, {"0": {"loss": {"4": 0.25}}}, {"loss": 0.01}, ["step 4, x"]
 )
 GATE = GateFacts("failed", "the uninterrupted run", "", {"0": ["rng:cpu"]}, 3, "train.py:10")
-PREFLIGHT = PreflightFacts(["cudnn.benchmark is True"])
+PREFLIGHT = PreflightFacts(["cudnn.benchmark is True"], ["TF32 matmuls are allowed"])
 CRASH = CrashTable(3, [Row("before-rename", "rename ckpt", "ckpt-3 (part)", 2, "exact", "ok")])
 DATA = DataFacts([ACCOUNT])
 COMPARISON = Comparison(
@@ -95,7 +95,7 @@ KEYS = {
     "DataFacts": "kind accounts text",
     "NoiseFacts": "kind source runs first_step spread relative unjudgeable",
     "GateFacts": "kind status reference why differing compared at",
-    "PreflightFacts": "kind findings",
+    "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
     "Row": "point where disk resumed_from status why",
     "Tolerance": "name first later",
