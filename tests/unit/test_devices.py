@@ -3,6 +3,7 @@
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from fakes import importer
 
 from pytest_resume_equiv.launch.devices import (
     DeviceLease,
@@ -12,39 +13,6 @@ from pytest_resume_equiv.launch.devices import (
     select_device,
     visible_ids,
 )
-
-
-class FakeAccel:
-    def __init__(self, count):
-        self.count = count
-
-    def is_available(self):
-        return self.count > 0
-
-    def device_count(self):
-        return self.count
-
-
-def importer(cuda=0, npu=None, xpu=0, xccl=False):
-    """An import_module for a fake torch; npu=None means torch_npu is not installed."""
-    torch = ModuleType("torch")
-    torch.cuda = FakeAccel(cuda)
-    torch.xpu = FakeAccel(xpu)
-    distributed = SimpleNamespace(is_xccl_available=lambda: xccl)
-
-    def import_module(name):
-        if name == "torch":
-            return torch
-        if name == "torch.distributed":
-            return distributed
-        if name == "torch_npu":
-            if npu is None:
-                raise ImportError("No module named 'torch_npu'")
-            torch.npu = FakeAccel(npu)  # torch_npu registers torch.npu on import
-            return ModuleType("torch_npu")
-        raise ImportError(name)
-
-    return import_module
 
 
 def test_cpu_needs_no_probe():
