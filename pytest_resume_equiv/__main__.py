@@ -27,8 +27,8 @@ from typing import Optional
 
 from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
-from .compare.comparators import Rules, comparator_for
-from .compare.tolerance import ToleranceRule
+from .compare.comparators import comparator_for
+from .compare.tolerance import ComparisonRules, ToleranceRule
 from .doctor import cli as doctor
 from .rank.layout import is_audit_key
 from .report.replay import Judgement, JudgementError, read_judgement
@@ -123,7 +123,7 @@ def compare(args: argparse.Namespace) -> int:
         print(f"error: cannot tell the split of {args.resumed}; pass --split", file=sys.stderr)
         return BAD_INPUT
     steps = args.steps or (kept.rules.steps if kept else _last_step(base))
-    rules = kept.rules if kept else Rules(steps)
+    rules = kept.rules if kept else ComparisonRules(steps)
     rules = replace(rules, steps=steps).overridden(_tolerance(args.tolerance), args.ignore)
     label = kept.label if kept and args.split in (None, kept.split) else f"split {split}"
     envelope = (kept.runs.get("envelope") if kept else None) or ""

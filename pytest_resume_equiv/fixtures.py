@@ -212,6 +212,8 @@ class ResumeEquiv:
             stopped = scheduler.unfinished()
             self.runs.append(RunRecord.of(outcome, "interrupted", stopped=stopped))
             raise
+        finally:
+            launcher.close()  # a launch that never started gives its place in the queue up
         self.launching = False
         self.outcome = outcome
         self.report_section(format_plan_summary(outcome))
@@ -286,7 +288,7 @@ class Torchrun:
 
     def __init__(
         self,
-        device_for: Callable[[int], Device],
+        device_for: Callable[[int, str], Device],
         timeout: float,
         root: RunRoot,
         strict_shutdown: bool = False,
@@ -304,6 +306,8 @@ class Torchrun:
         self.fork_server = fork_server
         self.preload = preload
         self._count = 0
+        self._previous: list[str] = []
+        """The devices the last launch leased: the next asks for them first."""
 
     def __call__(
         self,
@@ -327,7 +331,9 @@ class Torchrun:
             problem = f"torchrun(): {exc}"
         if problem:
             _fail(problem)
-        device = self._device_for(nproc)
+        per_host = launcher_named(self.launcher, self.slurm_args).devices_per_host(nproc, nnodes)
+        why = f"nproc={nproc} x nnodes={nnodes} simulated on this host" if per_host > nproc else ""
+        device = self._device_for(per_host, why)
         self._count += 1
         name = f"launch-{self._count}"
         run_dir = os.path.join(self.root.path, name)
@@ -347,7 +353,7 @@ class Torchrun:
             self.fork_server,
             self.preload,
         )
-        result, problem = self._launch(spec, device)
+        result, problem = self._launch(spec, device, per_host)
         if problem:
             _fail(problem)
         if check and not result.ok:
@@ -357,12 +363,14 @@ class Torchrun:
             _fail(failure)
         return result
 
-    @staticmethod
-    def _launch(spec: LaunchSpec, device: Device) -> tuple[Optional[LaunchResult], str]:
+    def _launch(
+        self, spec: LaunchSpec, device: Device, per_host: int
+    ) -> tuple[Optional[LaunchResult], str]:
         lease = None
         try:
             if device.kind != "cpu" and launcher_of(spec).leases_devices:  # Slurm: its GRES
-                lease = LeaseWait(device, spec.nproc, spec.timeout, spec.name).wait()
+                lease = LeaseWait(device, per_host, spec.timeout, spec.name).wait(self._previous)
+                self._previous = list(lease.held)
             return launch(with_lease(spec, lease)), ""
         except ResumeEquivError as exc:
             return None, f"torchrun(): {exc}"

@@ -11,12 +11,11 @@ verdict is shown to every other check.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Optional
 
-from .checks import Plan, Verdict, kind_of
-from .compare.comparators import Rules, Run, comparator_for
-from .compare.diff import Comparison
+from .checks import Outcome, Plan, Verdict
+from .compare.comparators import Run, comparator_for
+from .compare.tolerance import ComparisonRules
 from .errors import ResumeEquivError
 from .launch.running import LaunchResult
 from .plan import PlannedLaunch
@@ -25,58 +24,6 @@ from .report.replay import Judgement, write_judgement
 from .schedule import Job, Scheduler
 from .settings import TestSettings
 from .signature import SignatureError, read_run
-
-
-@dataclass
-class Outcome:
-    """What one `resume_equiv.run()` ran and concluded."""
-
-    plan: Plan
-    launches: list[LaunchResult] = field(default_factory=list)
-    checks: list[Verdict] = field(default_factory=list)
-    """Every check's verdict, in the plan's order (those that never got to judge say why)."""
-    warnings: list[str] = field(default_factory=list)
-    """What the author should know though it does not fail the test (latent streams, a
-    training that changes nothing)."""
-    ignored: list[str] = field(default_factory=list)
-    """Audited items left out of the comparison (`ignore=`, `track(..., ignore=True)`)."""
-
-    @property
-    def verdicts(self) -> list[Verdict]:
-        """The resumes the test proves: one per split (or per link of a chain)."""
-        return sorted((v for v in self.checks if v.primary), key=lambda v: (v.split, v.link))
-
-    @property
-    def teeth(self) -> Verdict:
-        found = next((v for v in self.checks if v.check == "teeth"), None)
-        return found if found is not None else Verdict("teeth", "not run", "teeth check")
-
-    @property
-    def nondeterministic(self) -> Optional[Comparison]:
-        """A second uninterrupted run's difference from the first, when there was one."""
-        found = next((v for v in self.checks if v.check == "control" and v.failed), None)
-        return found.comparison if found is not None else None
-
-    @property
-    def failed(self) -> list[Verdict]:
-        """The verdicts that fail the test: those of the checks that decide, then the resumes."""
-        failed = [v for v in self.checks if v.failed and kind_of(v.check).decisive]
-        return [*[v for v in failed if not v.primary], *[v for v in failed if v.primary]]
-
-    @property
-    def abstained(self) -> list[Verdict]:
-        """Resumes whose trajectory could not be judged within the measured noise."""
-        return [v for v in self.verdicts if v.status == "abstained"]
-
-    @property
-    def resume_equal(self) -> bool:
-        return bool(self.verdicts) and all(v.equal for v in self.verdicts)
-
-    @property
-    def equal(self) -> bool:
-        """The test passes (or abstains): it judged a resume, and no check that decides
-        failed."""
-        return bool(self.verdicts) and not self.failed
 
 
 class LaunchFailed(ResumeEquivError):
@@ -163,7 +110,10 @@ class Judge:
         self.settings = settings
         self.scheduler = scheduler
         self.outcome = outcome if outcome is not None else Outcome(plan)
-        self.rules = Rules.of(settings)
+        marker = settings.marker
+        self.rules = ComparisonRules(
+            marker.steps, settings.tolerance, marker.ignore, settings.strict_latent
+        )
         self.comparator = comparator_for(self.rules)
         self._results: dict[str, LaunchResult] = {}
         self._signatures: dict[str, Run] = {}

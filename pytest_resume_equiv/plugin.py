@@ -23,7 +23,7 @@ import pytest
 
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
 from .launch.agents import launcher_named
-from .launch.devices import Device, DeviceUnavailable, select_device
+from .launch.devices import ACCELERATORS, Device, DeviceUnavailable, HostProbe, select_device
 from .launch.forked import ForkServer
 from .report.text import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
@@ -33,11 +33,12 @@ MARKER = "resume_equivalent"
 MARKER_DOC = (
     "resume_equivalent(steps, split, nproc=2, nnodes=1, timeout=None, tolerance=None, env=None, "
     "rng_mutation=True, interrupt='continue', ignore=None, resume_nproc=None, resume_nnodes=None, "
-    "chain=False, noise='auto', golden_checkpoint=False): run the test's trainer under torchrun "
-    "uninterrupted and resumed from the checkpoint saved at `split` (an int or a list), and "
-    "require every rank to record the same values at every step after it. See "
-    "pytest-resume-equiv's README."
+    "chain=False, noise='auto', golden_checkpoint=False, crash_points=None, "
+    "crash_refusal='pass'): run the test's trainer under torchrun uninterrupted and resumed "
+    "from the checkpoint saved at `split` (an int or a list), and require every rank to record "
+    "the same values at every step after it. See pytest-resume-equiv's docs/reference/marker.md."
 )
+"""The `pytest --markers` line; names every keyword, like the marker reference."""
 
 SESSION_KEY = pytest.StashKey[ResumeEquivSession]()
 TEST_KEY = pytest.StashKey[tuple[TestSettings, Device]]()
@@ -170,12 +171,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"resume-equiv: invalid settings, resume tests will fail: {settings.error}"
     device = settings.describe("device")
     if settings["device"] == "auto":
-        source = settings.values["device"].source
-        try:
-            found = select_device("auto", 1)
-            device = f"auto -> {found.kind} x{found.count} ({source})"
-        except DeviceUnavailable:
-            device = f"auto -> no accelerator, resume tests skip ({source})"
+        device = f"auto -> {_auto_device()} ({settings.values['device'].source})"
     launcher = launcher_named(settings["launcher"]).header(settings.describe("launcher"))
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
@@ -183,10 +179,41 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-def _device(requested: str, require: bool, ranks_per_node: int) -> Device:
-    """The device for a launch, or skip/fail the test with the precise reason."""
+def _auto_device() -> str:
+    """What `--resume-equiv-device=auto` finds, for the header, without importing torch or
+    starting a child: a session without resume tests pays nothing for it."""
+    probe = HostProbe(use_child=False)
+    for kind in ACCELERATORS:
+        count = probe.count(kind)
+        if count is None:
+            return "probed when a resume test starts"
+        if count:
+            return f"{kind} x{count}"
+    return "no accelerator, resume tests skip"
+
+
+def _devices_needed(settings: TestSettings) -> tuple[int, str]:
+    """The devices the test's largest launch uses on this host, and why so many (for the skip
+    or failure message): a resumed launch on another topology may need more than the first."""
+    marker = settings.marker
+    launcher = launcher_named(settings.launcher, settings.slurm_args)
+    first = launcher.devices_per_host(marker.nproc, marker.nnodes)
+    resumed = launcher.devices_per_host(marker.resumed_nproc, marker.resumed_nnodes)
+    if resumed > first:
+        return resumed, (
+            f"its resumed launches: resume_nproc={marker.resumed_nproc} x "
+            f"resume_nnodes={marker.resumed_nnodes} on this host"
+        )
+    if marker.nnodes > 1 and first > marker.nproc:
+        return first, f"nproc={marker.nproc} x nnodes={marker.nnodes} simulated on this host"
+    return first, ""
+
+
+def _device(requested: str, require: bool, devices: int, why: str = "") -> Device:
+    """The device for launches that use `devices` devices of this host, or skip/fail the test
+    with the precise reason."""
     try:
-        return select_device(requested, ranks_per_node)
+        return select_device(requested, devices, why=why)
     except DeviceUnavailable as exc:
         if require:
             pytest.fail(f"{exc} (--resume-equiv-require-device is set)", pytrace=False)
@@ -208,7 +235,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)  # outside the except: no chained exception shown
-    device = _device(settings.device, settings.require_device, settings.marker.nproc)
+    device = _device(settings.device, settings.require_device, *_devices_needed(settings))
     item.stash[TEST_KEY] = (settings, device)
 
 
@@ -269,7 +296,7 @@ def torchrun(
     settings = _session(request.config).settings
     root = _run_root(request, tmp_path_factory)
     yield Torchrun(
-        lambda n: _device(settings["device"], settings["require_device"], n),
+        lambda n, why: _device(settings["device"], settings["require_device"], n, why),
         settings["timeout"],
         root,
         strict_shutdown=not settings.error and settings["strict_shutdown"],

@@ -1,20 +1,20 @@
 """The checks of a resume test, one module per kind, and the one registry of them.
 
-Adding a check is one module with a `Check` subclass and one line in `CHECKS`. The order of
+Adding a check is one module with a `Check` subclass (its `kind` registers it, so a verdict
+read back from JSON finds its class) and one line in `CHECKS`. The order of
 `CHECKS` is the order in which checks plan (their launches start in that order, after the
 launches that load no checkpoint) and in which they see each other's verdicts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 from ..golden import GoldenTarget
 from ..launch.devices import Device
-from ..plan import PlannedLaunch, Planner, RunRequest
+from ..plan import Planner, RunRequest
 from ..settings import TestSettings
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Plan, Verdict, kind_of
 from .chain import ChainLink
 from .compat import Compat, golden_only
 from .control import Control
@@ -39,33 +39,7 @@ CHECKS: tuple[type[Check], ...] = (
     Compat,
 )
 
-__all__ = ["CHECKS", "Check", "Judging", "Plan", "Verdict", "build_plan", "kind_of"]
-
-
-def kind_of(kind: str) -> type[Check]:
-    """The check class behind a verdict's `check` (a verdict read back from JSON too)."""
-    found = next((c for c in CHECKS if c.kind == kind), None)
-    return found if found is not None else Check
-
-
-@dataclass
-class Plan:
-    launches: list[PlannedLaunch] = field(default_factory=list)
-    """Every launch a check may need, in start order (those that load no checkpoint first)."""
-    checks: list[Check] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    """What the test author should know before the launches start."""
-
-    @property
-    def started(self) -> list[PlannedLaunch]:
-        """The launches that always run (the on-demand ones only when a check asks)."""
-        return [p for p in self.launches if not p.on_demand]
-
-    def by_role(self, role: str) -> list[PlannedLaunch]:
-        return [p for p in self.launches if p.role == role]
-
-    def named(self, name: str) -> Optional[PlannedLaunch]:
-        return next((p for p in self.launches if p.name == name), None)
+__all__ = ["CHECKS", "Check", "Judging", "Outcome", "Plan", "Verdict", "build_plan", "kind_of"]
 
 
 def build_plan(

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Protocol
 
 from ..compare import facts
-from ..compare.comparators import Comparator, Rules, Run
+from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, first_difference
 from ..compare.facts import Fact
+from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis
 from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch, Planner
@@ -121,7 +122,7 @@ class Verdict:
 class Judging(Protocol):
     """What the judge lets a check do while the launches run."""
 
-    rules: Rules
+    rules: ComparisonRules
     comparator: Comparator
     """The comparator of the test's own topology, bound to its rules."""
     settings: Any
@@ -160,6 +161,11 @@ class Check:
     decisive: ClassVar[bool] = True
     """Whether a failed verdict of this kind fails the test (a direct resume only informs)."""
     label: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            _KINDS[cls.kind] = cls
 
     def __init__(self, launches: list[PlannedLaunch]) -> None:
         self.launches = launches
@@ -202,13 +208,13 @@ class Check:
         return f"{verdict.label} {verdict.status}" + (f" ({verdict.why})" if verdict.why else "")
 
     @classmethod
-    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+    def head(cls, verdict: Verdict, outcome: Outcome) -> list[str]:
         """Lines that open a failure report in place of the default first line, when this
         verdict failed beside a failed resume."""
         return []
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         """This failed verdict's part of the failure report."""
         return [f"{verdict.label} failed" + (f": {verdict.why}" if verdict.why else "")]
 
@@ -216,3 +222,84 @@ class Check:
     def words(cls, verdict: Verdict) -> str:
         """Why the test failed, in a few words (the summary table), for a failed verdict."""
         return f"{verdict.label}: {verdict.first_difference() or verdict.why}"
+
+
+_KINDS: dict[str, type[Check]] = {}
+"""Every check class by its `kind`, filled as the classes are defined."""
+
+
+def kind_of(kind: str) -> type[Check]:
+    """The check class behind a verdict's `check` (a verdict read back from JSON too)."""
+    return _KINDS.get(kind, Check)
+
+
+@dataclass
+class Plan:
+    launches: list[PlannedLaunch] = field(default_factory=list)
+    """Every launch a check may need, in start order (those that load no checkpoint first)."""
+    checks: list[Check] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the test author should know before the launches start."""
+
+    @property
+    def started(self) -> list[PlannedLaunch]:
+        """The launches that always run (the on-demand ones only when a check asks)."""
+        return [p for p in self.launches if not p.on_demand]
+
+    def by_role(self, role: str) -> list[PlannedLaunch]:
+        return [p for p in self.launches if p.role == role]
+
+    def named(self, name: str) -> Optional[PlannedLaunch]:
+        return next((p for p in self.launches if p.name == name), None)
+
+
+@dataclass
+class Outcome:
+    """What one `resume_equiv.run()` ran and concluded."""
+
+    plan: Plan
+    launches: list[LaunchResult] = field(default_factory=list)
+    checks: list[Verdict] = field(default_factory=list)
+    """Every check's verdict, in the plan's order (those that never got to judge say why)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the author should know though it does not fail the test (latent streams, a
+    training that changes nothing)."""
+    ignored: list[str] = field(default_factory=list)
+    """Audited items left out of the comparison (`ignore=`, `track(..., ignore=True)`)."""
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """The resumes the test proves: one per split (or per link of a chain)."""
+        return sorted((v for v in self.checks if v.primary), key=lambda v: (v.split, v.link))
+
+    @property
+    def teeth(self) -> Verdict:
+        found = next((v for v in self.checks if v.check == "teeth"), None)
+        return found if found is not None else Verdict("teeth", "not run", "teeth check")
+
+    @property
+    def nondeterministic(self) -> Optional[Comparison]:
+        """A second uninterrupted run's difference from the first, when there was one."""
+        found = next((v for v in self.checks if v.check == "control" and v.failed), None)
+        return found.comparison if found is not None else None
+
+    @property
+    def failed(self) -> list[Verdict]:
+        """The verdicts that fail the test: those of the checks that decide, then the resumes."""
+        failed = [v for v in self.checks if v.failed and kind_of(v.check).decisive]
+        return [*[v for v in failed if not v.primary], *[v for v in failed if v.primary]]
+
+    @property
+    def abstained(self) -> list[Verdict]:
+        """Resumes whose trajectory could not be judged within the measured noise."""
+        return [v for v in self.verdicts if v.status == "abstained"]
+
+    @property
+    def resume_equal(self) -> bool:
+        return bool(self.verdicts) and all(v.equal for v in self.verdicts)
+
+    @property
+    def equal(self) -> bool:
+        """The test passes (or abstains): it judged a resume, and no check that decides
+        failed."""
+        return bool(self.verdicts) and not self.failed

@@ -5,11 +5,9 @@ before from a load path that fails from that step on."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..compare.diff import first_difference
 from ..plan import Planner
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .launches import one_group, resumed_from, uninterrupted_of
 from .resume import ResumeLike, judge_resume
 
@@ -23,7 +21,7 @@ def link_label(link: int, split: int) -> str:
     )
 
 
-def chain_text(outcome: Any, broke: Verdict) -> str:
+def chain_text(outcome: Outcome, broke: Verdict) -> str:
     """Which link of a chain broke, and whether a resume from the uninterrupted run's own
     checkpoint at that step broke too: that separates a stale checkpoint written by the
     link before from a load path that fails from that step on."""
@@ -85,7 +83,7 @@ class ChainLink(ResumeLike):
         return verdict, {}
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         """The first broken link opens with how the chain broke."""
         first = next((v for v in outcome.verdicts if v.link and v.failed), None)
         lead = [chain_text(outcome, verdict)] if first is verdict else []

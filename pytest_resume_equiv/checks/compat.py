@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from typing import Any, Optional
+from typing import Optional
 
 from ..compare.gate import GateFacts
 from ..errors import ResumeEquivError
 from ..golden import Golden
 from ..plan import PlannedLaunch, Planner
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .golden import read_golden
 from .launches import uninterrupted_of
 from .resume import ResumeLike, judge_resume
@@ -148,7 +148,7 @@ class Compat(Check):
         return f"{verdict.label} {verdict.status} ({verdict.why})"
 
     @classmethod
-    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+    def head(cls, verdict: Verdict, outcome: Outcome) -> list[str]:
         """Beside a failed resume, this failure opens the report (it is not a resume's)."""
         if not verdict.failed:
             return []
@@ -157,7 +157,7 @@ class Compat(Check):
         return cls.block(verdict, outcome, "kept")
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         if verdict.comparison is None:
             return [f"{verdict.label}: {verdict.why}"]
         why = verdict.why.removeprefix("golden-only: ")

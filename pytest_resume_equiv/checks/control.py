@@ -5,13 +5,13 @@ whose resumes matched."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from ..compare.diff import first_difference
 from ..compare.noise import measure
 from ..plan import PlannedLaunch, Planner
 from ..signature import readable
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .launches import control_of, uninterrupted_of
 
 DETERMINISM_KNOBS = (
@@ -100,7 +100,7 @@ class Control(Check):
         return f"{LABEL} {'matched' if same else 'differed'}"
 
     @classmethod
-    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+    def head(cls, verdict: Verdict, outcome: Outcome) -> list[str]:
         if not verdict.failed or verdict.comparison is None:
             return []
         cmp = verdict.comparison
@@ -118,7 +118,7 @@ class Control(Check):
         ]
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         return []  # its head says it
 
     @classmethod

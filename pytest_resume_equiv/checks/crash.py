@@ -19,7 +19,7 @@ from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import crash_record_path
 from .after_crash import EXACT, REFUSED, TORN, Row, judge_after_crash, read_crash_record
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .crash_points import CrashPoint, crashed_where, find_points, on_disk
 from .launches import one_group, uninterrupted_of
 from .resume import ResumeLike
@@ -240,7 +240,7 @@ class Crash(Check):
         return f"{verdict.label}: {exact} exact, {refused} refused of {len(rows)} crash points"
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         """The table, then the first failing point: why, and its resume's own judgement."""
         table = _table(verdict)
         lines = table.lines(verdict.label) if table else [f"{verdict.label} failed"]

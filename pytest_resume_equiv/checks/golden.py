@@ -11,7 +11,7 @@ With `--resume-equiv-update-golden` it writes the golden instead (and the checkp
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 from ..compare.comparators import NOISE_FACTOR, Measured, Run
 from ..compare.diff import format_comparison
@@ -20,7 +20,7 @@ from ..errors import ResumeEquivError
 from ..golden import Golden, GoldenTarget, size_words
 from ..plan import PlannedLaunch, Planner
 from ..signature import SignatureError, read_run
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .launches import control_of, one_group, uninterrupted_of
 
 LABEL = "golden trajectory"
@@ -162,7 +162,7 @@ class GoldenTrajectory(Check):
         return f"{LABEL} {verdict.status}" + (f" ({verdict.why})" if verdict.why else "")
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         cmp = verdict.comparison
         golden = verdict.runs.get("golden", "")
         if cmp is None:
@@ -178,7 +178,7 @@ class GoldenTrajectory(Check):
         ]
 
     @classmethod
-    def head(cls, verdict: Verdict, outcome: Any) -> list[str]:
+    def head(cls, verdict: Verdict, outcome: Outcome) -> list[str]:
         """Beside a failed resume, this failure opens the report (it is not a resume's)."""
         return cls.block(verdict, outcome, "kept") if verdict.failed else []
 

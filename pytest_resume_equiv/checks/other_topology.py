@@ -5,8 +5,9 @@ between the uninterrupted runs on both topologies, `envelope.py`)."""
 
 from __future__ import annotations
 
-from ..compare.comparators import Envelope, Rules, Run
+from ..compare.comparators import Run, WithinEnvelope
 from ..compare.envelope import TopologyFacts
+from ..compare.tolerance import ComparisonRules
 from ..diagnose.across_topologies import topology_diagnosis
 from ..plan import PlannedLaunch, Planner
 from .base import Check, Judging, Verdict
@@ -20,11 +21,11 @@ from .resume import ResumeLike
 
 
 def judge_topology(
-    reference: Run, run: Run, other: Run, split: int, rules: Rules, label: str = ""
+    reference: Run, run: Run, other: Run, split: int, rules: ComparisonRules, label: str = ""
 ) -> Verdict:
     """A resume on another topology against the uninterrupted run, within the noise between
     `other` (uninterrupted on the resumed topology) and it; the cause from the data."""
-    cmp = Envelope(rules, other).compare(reference, run, split)
+    cmp = WithinEnvelope(rules, other).compare(reference, run, split)
     verdict = Verdict(
         OtherTopology.kind,
         "passed" if cmp.equal else "failed",

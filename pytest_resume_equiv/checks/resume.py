@@ -8,11 +8,11 @@ the offline `compare` judges a pair of kept run directories exactly as the test 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
-from ..compare.gate import GateRules, gate
+from ..compare.gate import gate
 from ..compare.noise import NoiseFacts
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
 from ..diagnose.evidence import touches
@@ -20,7 +20,7 @@ from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import is_audit_key, target_file
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
 from .within_noise import FRESH_PROCESS, fresh_process, rejudge
 
@@ -58,7 +58,7 @@ def judge_resume(
     cause of a difference."""
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
-    held = gate(reference, source, run, split, GateRules(rules.ignore, rules.strict_latent))
+    held = gate(reference, source, run, split, rules)
     verdict = Verdict(
         check,
         "passed" if cmp.equal and not held.failed else "failed",
@@ -272,7 +272,7 @@ class ResumeLike(Check):
         )
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         """Which samples first (another batch explains other values), the first divergence
         with its context, and the likely cause (withheld when training is not deterministic
         even without a resume)."""

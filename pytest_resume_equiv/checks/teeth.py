@@ -7,12 +7,12 @@ audited stream advances after the split."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
-from ..compare.comparators import Comparator, Envelope, Run
+from ..compare.comparators import Comparator, Run, WithinEnvelope
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import RNG, section_of
-from .base import Check, Judging, Verdict
+from .base import Check, Judging, Outcome, Verdict
 from .launches import on_resumed_topology, resumed_from, source_of, uninterrupted_of
 
 TEETH_ADVICE = (
@@ -102,7 +102,7 @@ class Teeth(Check):
         elif launch is self.launch and self.full is not None and self.split is not None:
             comparator: Comparator = judge.comparator
             if self.other is not None:
-                comparator = Envelope(judge.rules, judge.signatures(self.other))
+                comparator = WithinEnvelope(judge.rules, judge.signatures(self.other))
             check = comparator.compare(
                 judge.signatures(self.full),
                 judge.signatures(launch),
@@ -140,7 +140,7 @@ class Teeth(Check):
         return Verdict(self.kind, "not run", LABEL, self.split)
 
     @classmethod
-    def block(cls, verdict: Verdict, outcome: Any, kept: str) -> list[str]:
+    def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         check = verdict.comparison
         assert check is not None
         return [

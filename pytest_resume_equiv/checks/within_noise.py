@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..compare.comparators import NOISE_FACTOR, Measured, Rules, Run
+from ..compare.comparators import NOISE_FACTOR, Measured, Run
 from ..compare.gate import GateFacts
 from ..compare.noise import NoiseFacts, rounding_level, scaled_to, split_value
+from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose
 from ..rank.layout import is_audit_key
 from .base import Verdict
@@ -84,7 +85,9 @@ def _abstain(verdict: Verdict, why: str, noise: NoiseFacts) -> Verdict:
     )
 
 
-def _why_abstain(noise: NoiseFacts, keys: list[str], rules: Rules, verdict: Verdict) -> str:
+def _why_abstain(
+    noise: NoiseFacts, keys: list[str], rules: ComparisonRules, verdict: Verdict
+) -> str:
     if noise.source == "resumed" and not noise.noisy:
         cause = fresh_process(verdict)
         div = verdict.comparison.divergence if verdict.comparison else None
@@ -114,7 +117,7 @@ def _why_abstain(noise: NoiseFacts, keys: list[str], rules: Rules, verdict: Verd
     return ""
 
 
-def _beyond_tolerance(noise: NoiseFacts, key: str, rules: Rules, split: int) -> bool:
+def _beyond_tolerance(noise: NoiseFacts, key: str, rules: ComparisonRules, split: int) -> bool:
     """Whether the noise of `key` is larger somewhere than the test's tolerance allows there
     (the value's size estimated from the key's relative spread)."""
     relative = noise.relative.get(key, 0.0)
@@ -129,7 +132,9 @@ def _beyond_tolerance(noise: NoiseFacts, key: str, rules: Rules, split: int) -> 
     return False
 
 
-def rejudge(verdict: Verdict, noise: NoiseFacts, reference: Run, run: Run, rules: Rules) -> Verdict:
+def rejudge(
+    verdict: Verdict, noise: NoiseFacts, reference: Run, run: Run, rules: ComparisonRules
+) -> Verdict:
     """`verdict` (a failed exact judgement) within `noise`."""
     held = gate_of(verdict)
     if held is not None and held.failed:

@@ -3,10 +3,10 @@
 - `Exact`: every recorded value and every audited stream bit for bit (the default);
 - `Tolerant`: the same, with the numbers the test's tolerance (a profile, or rules) lets move;
 - `Measured`: the numbers within the noise measured between runs that should be the same;
-- `Envelope` (`envelope.py`): a run on another topology, held to the numeric noise measured
+- `WithinEnvelope` (`envelope.py`): a run on another topology, held to the numeric noise measured
   between two uninterrupted runs, one on each topology.
 
-The `Rules` are the test's settings that shape a comparison (steps, tolerance, ignore,
+The `ComparisonRules` are the test's settings that shape a comparison (steps, tolerance, ignore,
 strict-latent), bound once from the test's settings, or offline from the judgement a resumed
 run directory keeps (`judgement.py`), so the offline `compare` judges as the test did.
 """
@@ -14,69 +14,18 @@ run directory keeps (`judgement.py`), so the offline `compare` judges as the tes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Union
 
-from ..settings import TestSettings
 from ..signature import Signature
 from . import facts
 from .accounting import DataAccount, account
-from .diff import Comparison, compare_runs
+from .diff import Allowance, Comparison, compare_runs
 from .envelope import account_from_json, compare_topology
 from .noise import ROUNDING, NoiseFacts
-from .tolerance import PROFILES, Tolerance, ToleranceRule
+from .tolerance import PROFILES, ComparisonRules, Tolerance
 
 Run = dict[int, Signature]
-
-
-@dataclass(frozen=True)
-class Rules:
-    """What shapes every comparison of one test."""
-
-    steps: int
-    tolerance: Tolerance = PROFILES["exact"]
-    ignore: tuple[str, ...] = ()
-    """`ignore=` patterns of audited keys or fields (beside what a trainer's own
-    `track(..., ignore=True)` writes into its signature)."""
-    strict_latent: bool = False
-
-    @classmethod
-    def of(cls, settings: TestSettings) -> Rules:
-        marker = settings.marker
-        return cls(marker.steps, settings.tolerance, marker.ignore, settings.strict_latent)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "tolerance": self.tolerance.to_json(),
-            "ignore": list(self.ignore),
-            "strict_latent": self.strict_latent,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Rules:
-        return cls(
-            steps=int(data["steps"]),
-            tolerance=Tolerance.from_json(data["tolerance"])
-            if data.get("tolerance")
-            else PROFILES["exact"],
-            ignore=tuple(str(p) for p in data.get("ignore", [])),
-            strict_latent=bool(data.get("strict_latent", False)),
-        )
-
-    def overridden(
-        self,
-        tolerance: Optional[Sequence[ToleranceRule]] = None,
-        ignore: Optional[Sequence[str]] = None,
-    ) -> Rules:
-        """These rules with some replaced (the offline `compare`'s flags)."""
-        given = self.tolerance
-        if tolerance is not None:
-            given = Tolerance("custom", tuple(tolerance), tuple(tolerance))
-        return replace(
-            self, tolerance=given, ignore=self.ignore if ignore is None else tuple(ignore)
-        )
 
 
 @facts.fact("data")
@@ -110,7 +59,7 @@ class Comparator(Protocol):
     (the teeth check compares what the user recorded after its mutation)."""
 
     name: str
-    rules: Rules
+    rules: ComparisonRules
 
     def compare(
         self,
@@ -122,7 +71,7 @@ class Comparator(Protocol):
     ) -> Comparison: ...
 
 
-def _ignored(rules: Rules, run: Run) -> tuple[str, ...]:
+def _ignored(rules: ComparisonRules, run: Run) -> tuple[str, ...]:
     """The test's `ignore=` and what the trainer itself left out (`track(ignore=True)`)."""
     return (*rules.ignore, *[name for sig in run.values() for name in sig.ignored])
 
@@ -132,11 +81,11 @@ class Exact:
 
     name = "exact"
 
-    def __init__(self, rules: Rules) -> None:
+    def __init__(self, rules: ComparisonRules) -> None:
         self.rules = rules
-        self._split = 0
 
-    def tolerance(self) -> Any:
+    def tolerance(self, split: int) -> Union[Tolerance, Allowance]:
+        """How far numbers may move in a comparison resumed at `split`."""
         return PROFILES["exact"]
 
     def compare(
@@ -153,7 +102,7 @@ class Exact:
             run,
             split,
             rules.steps,
-            self.tolerance(),
+            self.tolerance(split),
             user_only=user_only,
             skip_steps=skip_steps,
             ignore=_ignored(rules, run),
@@ -173,7 +122,7 @@ class Tolerant(Exact):
 
     name = "tolerance"
 
-    def tolerance(self) -> Any:
+    def tolerance(self, split: int) -> Union[Tolerance, Allowance]:
         return self.rules.tolerance
 
     def how(self) -> str:
@@ -184,14 +133,14 @@ class Tolerant(Exact):
         )
 
 
-class Envelope:
+class WithinEnvelope:
     """A run on another topology: sample ids exact over the global batch, values equal on
     every rank within the noise between `other` (the uninterrupted run on the resumed
     topology) and the reference (`envelope.py`)."""
 
     name = "envelope"
 
-    def __init__(self, rules: Rules, other: Run) -> None:
+    def __init__(self, rules: ComparisonRules, other: Run) -> None:
         self.rules = rules
         self.other = other
 
@@ -223,12 +172,12 @@ class Measured(Exact):
 
     name = "measured noise"
 
-    def __init__(self, rules: Rules, noise: NoiseFacts) -> None:
+    def __init__(self, rules: ComparisonRules, noise: NoiseFacts) -> None:
         super().__init__(rules)
         self.noise = noise
 
-    def tolerance(self) -> Any:
-        profile, noise, split = self.rules.tolerance, self.noise, self._split
+    def tolerance(self, split: int) -> Union[Tolerance, Allowance]:
+        profile, noise = self.rules.tolerance, self.noise
 
         def allowance(rank: int, key: str, step: int) -> Optional[tuple[float, float]]:
             given = profile.for_key(key, step, split)
@@ -248,17 +197,6 @@ class Measured(Exact):
 
         return allowance
 
-    def compare(
-        self,
-        reference: Run,
-        run: Run,
-        split: int,
-        skip_steps: int = 0,
-        user_only: bool = False,
-    ) -> Comparison:
-        self._split = split
-        return super().compare(reference, run, split, skip_steps, user_only)
-
     def how(self) -> str:
         given = self.rules.tolerance
         within = f"tolerance {given.describe()} or " if not given.exact else ""
@@ -269,6 +207,6 @@ class Measured(Exact):
         )
 
 
-def comparator_for(rules: Rules) -> Comparator:
+def comparator_for(rules: ComparisonRules) -> Comparator:
     """The comparator of a resume on the uninterrupted run's own topology."""
     return Tolerant(rules) if not rules.tolerance.exact else Exact(rules)

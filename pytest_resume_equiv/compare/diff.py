@@ -226,7 +226,7 @@ def allowance_of(tolerance: Union[Sequence[ToleranceRule], Tolerance, Allowance]
 
 
 @dataclass(frozen=True)
-class _Rules:
+class _DiffOptions:
     """How one comparison compares: tolerances, ignored items, latent streams."""
 
     allowance: Allowance
@@ -236,7 +236,12 @@ class _Rules:
 
 
 def _differences(
-    step: int, rank: int, a: dict[str, Any], b: dict[str, Any], rules: _Rules, result: Comparison
+    step: int,
+    rank: int,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    rules: _DiffOptions,
+    result: Comparison,
 ) -> list[Divergence]:
     """Every key that differs between one rank's records `a` and `b` of one step, in causal
     order: they are what the report shows; the audit explains them."""
@@ -253,7 +258,7 @@ def _differences(
 
 
 def _difference(
-    step: int, rank: int, key: str, a: dict, b: dict, rules: _Rules, result: Comparison
+    step: int, rank: int, key: str, a: dict, b: dict, rules: _DiffOptions, result: Comparison
 ) -> list[Divergence]:
     if key not in a or key not in b:
         run = "uninterrupted" if key in a else "resumed"
@@ -284,7 +289,7 @@ def _without_latent(
     base: dict[int, dict[int, dict[str, Any]]],
     res: dict[int, dict[int, dict[str, Any]]],
     split: int,
-    rules: _Rules,
+    rules: _DiffOptions,
     result: Comparison,
 ) -> list[Divergence]:
     """Random streams nothing draws from after the split pass (noted), unless strict; the
@@ -318,7 +323,7 @@ def compare_runs(
     patterns of audited keys or fields left out; a latent stream (nothing draws from it in
     the compared steps) passes with a note in `latent`, unless `strict_latent`.
     """
-    rules = _Rules(allowance_of(tolerance, split), user_only, ignore, strict_latent)
+    rules = _DiffOptions(allowance_of(tolerance, split), user_only, ignore, strict_latent)
     world_size = max(len(uninterrupted), len(resumed))
     result = Comparison(split=split, steps=steps, world_size=world_size)
     for rank in range(world_size):

@@ -24,7 +24,7 @@ from typing import Any, Optional
 from ..signature import Signature
 from . import facts
 from .accounting import is_identity_key
-from .tolerance import ignored, latent
+from .tolerance import ComparisonRules, ignored, latent
 
 Run = dict[int, Signature]
 
@@ -112,18 +112,12 @@ def _items(point: dict[str, Any], floats: bool) -> dict[str, Any]:
     return items
 
 
-@dataclass(frozen=True)
-class GateRules:
-    ignore: tuple[str, ...] = ()
-    strict_latent: bool = False
-
-
 def _rank_gate(
     rank: int,
     ref: Signature,
     res: Signature,
     split: int,
-    rules: GateRules,
+    rules: ComparisonRules,
     floats: bool,
 ) -> tuple[Optional[list[str]], int, str]:
     """(the differing items or None when this rank cannot be judged, items compared, where
@@ -162,7 +156,7 @@ def gate(
     source: Optional[Run],
     run: Run,
     split: int,
-    rules: GateRules,
+    rules: ComparisonRules,
 ) -> GateFacts:
     """Judge the resumed `run`'s resume point against the launch that wrote its checkpoint
     (`source`; None: the uninterrupted `reference` wrote it)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..rank.layout import RNG, is_audit_key, section_of
@@ -87,23 +87,23 @@ def _text(value: Any) -> str:
     return repr(value)
 
 
-Rules = tuple[ToleranceRule, ...]
+ToleranceRules = tuple[ToleranceRule, ...]
 
 
 @dataclass(frozen=True)
 class Tolerance:
     name: str
     """A profile's name, or "custom"."""
-    first: Rules = ()
+    first: ToleranceRules = ()
     """At the first resumed step."""
-    later: Rules = ()
+    later: ToleranceRules = ()
     """At every step after it."""
 
     @property
     def exact(self) -> bool:
         return not self.first and not self.later
 
-    def at(self, step: int, split: int) -> Rules:
+    def at(self, step: int, split: int) -> ToleranceRules:
         return self.first if step == split + 1 else self.later
 
     def for_key(self, key: str, step: int, split: int) -> Optional[tuple[float, float]]:
@@ -127,13 +127,13 @@ class Tolerance:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Tolerance:
-        def rules(items: list) -> Rules:
+        def rules(items: list) -> ToleranceRules:
             return tuple((str(p), float(rtol), float(atol)) for p, rtol, atol in items)
 
         return cls(str(data["name"]), rules(data.get("first", [])), rules(data.get("later", [])))
 
 
-def _words(rules: Rules) -> str:
+def _words(rules: ToleranceRules) -> str:
     parts = []
     for pattern, rtol, atol in rules:
         amount = " + ".join(
@@ -145,7 +145,7 @@ def _words(rules: Rules) -> str:
     return ", ".join(parts)
 
 
-def _every(rtol: float, atol: float) -> Rules:
+def _every(rtol: float, atol: float) -> ToleranceRules:
     return (("*", rtol, atol),)
 
 
@@ -201,3 +201,47 @@ def parse_tolerance_option(raw: Any) -> Tolerance:
             raise ValueError(f"expected a profile name or RTOL,ATOL; {WHY}") from None
         return parse_tolerance((rtol, atol))
     return parse_tolerance(text)
+
+
+@dataclass(frozen=True)
+class ComparisonRules:
+    """What shapes every comparison of one test."""
+
+    steps: int
+    tolerance: Tolerance = PROFILES["exact"]
+    ignore: tuple[str, ...] = ()
+    """`ignore=` patterns of audited keys or fields (beside what a trainer's own
+    `track(..., ignore=True)` writes into its signature)."""
+    strict_latent: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "tolerance": self.tolerance.to_json(),
+            "ignore": list(self.ignore),
+            "strict_latent": self.strict_latent,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ComparisonRules:
+        return cls(
+            steps=int(data["steps"]),
+            tolerance=Tolerance.from_json(data["tolerance"])
+            if data.get("tolerance")
+            else PROFILES["exact"],
+            ignore=tuple(str(p) for p in data.get("ignore", [])),
+            strict_latent=bool(data.get("strict_latent", False)),
+        )
+
+    def overridden(
+        self,
+        tolerance: Optional[Sequence[ToleranceRule]] = None,
+        ignore: Optional[Sequence[str]] = None,
+    ) -> ComparisonRules:
+        """These rules with some replaced (the offline `compare`'s flags)."""
+        given = self.tolerance
+        if tolerance is not None:
+            given = Tolerance("custom", tuple(tolerance), tuple(tolerance))
+        return replace(
+            self, tolerance=given, ignore=self.ignore if ignore is None else tuple(ignore)
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..compare.accounting import is_identity_key
 from ..rank.layout import (
     DEVICE_KINDS,
     WATCH,
@@ -27,7 +28,6 @@ from .evidence import (
     borrowed_from,
     first_diff_name,
     is_content_key,
-    is_id_key,
     is_optimizer,
     lr_shift,
     norm_gap,
@@ -146,10 +146,12 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
     """The data: which samples, and what they contain."""
     for rank, keys in ev.differing.items():
         user = [k for k in keys if not is_audit_key(k)]
-        prefetched = _prefetched(ev, rank, [k for k in user if is_id_key(k) or is_content_key(k)])
+        prefetched = _prefetched(
+            ev, rank, [k for k in user if is_identity_key(k) or is_content_key(k)]
+        )
         if prefetched is not None:
             return prefetched
-        differing_ids = [k for k in user if is_id_key(k)]
+        differing_ids = [k for k in user if is_identity_key(k)]
         if differing_ids:
             again = _skipped_again(ev, rank, differing_ids[0])
             if again is not None:
@@ -160,7 +162,9 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
                 "or the number of batches skipped after resuming)",
                 "data order",
             )
-        recorded_ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_id_key(k)]
+        recorded_ids = [
+            k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_identity_key(k)
+        ]
         content = [k for k in user if is_content_key(k)]
         if recorded_ids and content:
             return Diagnosis(
@@ -184,7 +188,7 @@ def _prefetched(ev: Evidence, rank: int, inputs: list[str]) -> Optional[Diagnosi
     for key in inputs:
         ours = ev.res[rank][ev.step].get(key)
         if ours is not None and ours == following.get(key):
-            what = "sample ids" if is_id_key(key) else "sample content"
+            what = "sample ids" if is_identity_key(key) else "sample content"
             return Diagnosis(
                 f"{ev.where(rank)}: {what} differ ({key}) while every audited RNG stream "
                 f"matches: the first resumed step consumed the batch the uninterrupted run "
@@ -274,7 +278,7 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
 def _unseen_input(ev: Evidence, rank: int, user: list[str]) -> Diagnosis:
     """The weights were right when the first resumed step began, and the step still computed
     something else: an input the audit does not see."""
-    ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_id_key(k)]
+    ids = [k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_identity_key(k)]
     same = f", the sample ids ({ids[0]})" if ids else ""
     return Diagnosis(
         f"{ev.where(rank)}: at the resume point the weights{same} and every audited RNG stream "

@@ -153,11 +153,6 @@ def scheduler_restarted(
     return None
 
 
-def is_id_key(key: str) -> bool:
-    low = key.lower()
-    return low.endswith(("id", "ids", "index", "indices")) or "sample_id" in low
-
-
 CONTENT_KEYS = ("batch", "x", "input", "inputs", "sample", "samples", "data", "images", "latents")
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..launch.devices import Importer
+from ..launch.devices import HostProbe, Importer
 from ..settings import DEVICES
 from . import determinism, environment, launches, leftovers, resume
 from .rows import FAIL, OK, Row, blocked, table, to_json
@@ -36,6 +36,9 @@ class Seams:
     """What `examine` talks to; the defaults are this machine."""
 
     import_module: Importer = importlib.import_module
+    host_probe: Optional[HostProbe] = None
+    """How devices are counted (None: as the plugin counts them)."""
+    device_query: Callable[[str], environment.DeviceFacts] = environment.facts_in_child
     environ: Optional[Mapping[str, str]] = None
     lock_dir: Optional[str] = None
     probe: launches.Target = launches.PROBE
@@ -102,11 +105,11 @@ def examine(
     facts: dict[str, Any] = {"requested": device, "nproc": nproc, "timeout": timeout}
     if rows[0].status == FAIL:
         return rows, facts
-    picked = environment.pick(device, nproc, seams.import_module)
+    picked = environment.pick(device, nproc, seams.host_probe, seams.import_module)
     chosen = picked.device
     facts.update(device=chosen.kind, backend=chosen.backend, devices=chosen.count)
     rows += picked.rows
-    rows += environment.devices(chosen, seams.import_module)
+    rows += environment.devices(chosen, seams.device_query)
     rows += environment.leases(chosen, nproc, seams.environ, seams.lock_dir)
     runner = launches.Launches(
         os.path.join(workdir, "launches"), chosen, nproc, timeout, seams.lock_dir

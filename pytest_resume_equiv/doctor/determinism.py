@@ -96,7 +96,7 @@ def _preflight_rows(first: Run, second: Run, device_kind: str) -> list[Row]:
         ]
     out = []
     for finding in found:
-        fix = KNOBS[finding.knob][2]
+        fix = KNOBS[finding.knob].fix
         seen = finding.text
         if seen.endswith(fix):
             seen = seen[: -len(fix)].rstrip(": ")

@@ -1,29 +1,34 @@
 """The environment rows: versions, the device the plugin picks and why, the devices and their
 free memory, and how `nproc` devices per launch are leased to pytest-xdist workers.
 
-Everything goes through an injectable `import_module` (as `launch/devices.py` does), so the
-cuda, npu and xpu branches run on CPU against fake device modules.
+The device is picked as the plugin picks it (`launch/devices.py`: without initialising a
+driver in this process); names and free memory are asked in a child process (`python -m
+pytest_resume_equiv.doctor.environment KIND`), so the doctor holds no device context while
+its launches run. The question itself (`device_facts`) takes an injectable `import_module`,
+so the cuda, npu and xpu branches run on CPU against fake device modules.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import platform
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import __version__
 from ..launch.devices import (
     ACCELERATORS,
-    VISIBLE_DEVICES_ENV,
     Device,
     DeviceLease,
     DeviceUnavailable,
+    HostProbe,
     Importer,
     backend_for,
-    count_devices,
     select_device,
     visible_ids,
 )
@@ -67,7 +72,12 @@ def versions(import_module: Importer = importlib.import_module) -> list[Row]:
     return [_row("versions", OK, f"torch {version}, pytest-resume-equiv {__version__}, {python}")]
 
 
-def pick(requested: str, nproc: int, import_module: Importer = importlib.import_module) -> Picked:
+def pick(
+    requested: str,
+    nproc: int,
+    probe: Optional[HostProbe] = None,
+    import_module: Importer = importlib.import_module,
+) -> Picked:
     """The device the plugin picks for `--resume-equiv-device=requested` and launches of
     `nproc` ranks, and why; when it cannot run them, a failed row and CPU for the rest."""
     cpu = Device("cpu", "gloo", 0)
@@ -75,7 +85,7 @@ def pick(requested: str, nproc: int, import_module: Importer = importlib.import_
         seen = "cpu, as asked: ranks run on CPU processes with gloo"
         return Picked(cpu, [_row("device", OK, seen)])
     try:
-        device = select_device(requested, nproc, import_module)
+        device = select_device(requested, nproc, probe, import_module=import_module)
     except DeviceUnavailable as exc:
         if requested == "auto":
             fix = (
@@ -110,39 +120,77 @@ def pick(requested: str, nproc: int, import_module: Importer = importlib.import_
     return Picked(device, rows)
 
 
-def _name(module: object, index: int) -> str:
-    get = getattr(module, "get_device_name", None)
+DeviceFacts = list[tuple[str, Optional[tuple[int, int]]]]
+"""Per device: its name, and (free, total) bytes where the device module can say."""
+FACTS_WAIT = 120.0
+"""Seconds the child that asks for names and memory gets (it imports torch, and torch_npu)."""
+
+
+def device_facts(kind: str, import_module: Importer = importlib.import_module) -> DeviceFacts:
+    """Name and memory of every `kind` device, asked of torch in this process (which
+    initialises the driver: the doctor asks in a child, `facts_in_child`)."""
+    torch = import_module("torch")
+    if kind == "npu":
+        import_module("torch_npu")
+    module = getattr(torch, kind)
+    found: DeviceFacts = []
+    for index in range(int(module.device_count())):
+        try:
+            name = str(module.get_device_name(index))
+        except Exception as exc:
+            name = f"unnamed ({type(exc).__name__})"
+        try:
+            free, total = module.mem_get_info(index)
+            memory: Optional[tuple[int, int]] = (int(free), int(total))
+        except Exception:
+            memory = None
+        found.append((name, memory))
+    return found
+
+
+def facts_in_child(kind: str) -> DeviceFacts:
+    """`device_facts` in a child process that exits afterwards; [] when it cannot answer."""
     try:
-        return str(get(index)) if get is not None else "unnamed"
-    except Exception as exc:
-        return f"unnamed ({type(exc).__name__})"
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, kind],
+            capture_output=True,
+            text=True,
+            timeout=FACTS_WAIT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        rows = json.loads(lines[-1]) if done.returncode == 0 and lines else []
+        return [(str(n), tuple(m) if m else None) for n, m in rows]  # type: ignore[misc]
+    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError):
+        return []
 
 
-def _free(module: object, index: int) -> Optional[tuple[int, int]]:
-    """(free, total) bytes of one device, or None where the module cannot say."""
-    get = getattr(module, "mem_get_info", None)
-    try:
-        return tuple(int(x) for x in get(index))[:2] if get is not None else None  # type: ignore[return-value]
-    except Exception:
-        return None
-
-
-def devices(device: Device, import_module: Importer = importlib.import_module) -> list[Row]:
-    """The devices this process sees: names and free memory."""
+def devices(device: Device, query: Callable[[str], DeviceFacts] = facts_in_child) -> list[Row]:
+    """The devices the launches will use: names and free memory."""
     if device.kind == "cpu":
         cores = os.cpu_count() or 1
         return [_row("devices", OK, f"cpu: {cores} cores (a launch takes a core per rank)")]
-    torch = import_module("torch")
-    module = getattr(torch, device.kind)
+    facts = query(device.kind)
+    if not facts:
+        return [
+            _row(
+                "devices",
+                WARN,
+                f"{device.count} {device.kind} devices, but a process asking torch for their "
+                "names and memory got no answer",
+                f"python -c 'import torch; print(torch.{device.kind}.device_count())' shows "
+                "the driver's error",
+            )
+        ]
     parts, low = [], []
-    for index in range(device.count):
-        free = _free(module, index)
-        memory = "free memory unknown"
-        if free is not None:
-            memory = f"{free[0] / GIB:.1f} of {free[1] / GIB:.1f} GiB free"
-            if free[0] < LOW_MEMORY:
+    for index, (name, memory) in enumerate(facts[: device.count]):
+        text = "free memory unknown"
+        if memory is not None:
+            text = f"{memory[0] / GIB:.1f} of {memory[1] / GIB:.1f} GiB free"
+            if memory[0] < LOW_MEMORY:
                 low.append(f"{device.kind}:{index}")
-        parts.append(f"{device.kind}:{index} {_name(module, index)} ({memory})")
+        parts.append(f"{device.kind}:{index} {name} ({text})")
     seen = f"{device.count} {device.kind} devices: " + "; ".join(parts)
     if low:
         return [
@@ -171,8 +219,8 @@ def leases(
     if device.kind == "cpu":
         seen = f"{at_once} launch(es) of {nproc} ranks side by side (a core per rank)"
         return [_row("leases", OK, seen)]
-    variable = VISIBLE_DEVICES_ENV[device.kind]
-    ids = visible_ids(device.kind, device.count, environ)
+    variable = device.visible_vars[0]
+    ids = visible_ids(device.kind, device.count, environ, device.rocm)
     sets = [ids[i : i + nproc] for i in range(0, len(ids) - nproc + 1, nproc)]
     shown = " | ".join(f"{variable}={','.join(s)}" for s in sets)
     seen = (
@@ -182,7 +230,7 @@ def leases(
     if variable in environ:
         seen += f"; {variable}={environ[variable]} is set, so only those are handed out"
     spare = ids[len(sets) * nproc :]
-    lease = DeviceLease(device.kind, ids, lock_dir)
+    lease = DeviceLease(device.kind, ids, lock_dir, variables=device.visible_vars)
     try:
         free_now = lease.try_acquire(nproc)
     except OSError as exc:
@@ -225,5 +273,5 @@ def backends_to_try(device: Device, import_module: Importer = importlib.import_m
     return [own] if own == "gloo" else [own, "gloo"]
 
 
-def device_count(kind: str, import_module: Importer = importlib.import_module) -> int:
-    return 0 if kind == "cpu" else count_devices(kind, import_module)
+if __name__ == "__main__":
+    print(json.dumps(device_facts(sys.argv[1])))

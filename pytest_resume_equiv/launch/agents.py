@@ -38,6 +38,7 @@ from ..rank.layout import (
     rendezvous_path,
     stacks_request_path,
 )
+from .devices import node_slice
 
 if TYPE_CHECKING:
     from .spec import LaunchSpec
@@ -68,6 +69,10 @@ class Agents:
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
         """Variables the started processes get besides the launch's own."""
+        return {}
+
+    def node_env(self, spec: LaunchSpec, node: int) -> dict[str, str]:
+        """Variables only the `node`-th started process gets (over the launch's own)."""
         return {}
 
     def cancel(self, spec: LaunchSpec) -> None:
@@ -168,6 +173,12 @@ class LocalNodes(Agents):
             *torchrun_tail(spec),
         ]
         return [argv] * spec.nnodes
+
+    def node_env(self, spec: LaunchSpec, node: int) -> dict[str, str]:
+        """Each simulated node its own `nproc` of the leased devices: with the whole list,
+        local rank 0 of every node would take the same device, which NCCL refuses
+        ("Duplicate GPU detected")."""
+        return node_slice(spec.lease_env, spec.nproc, node)
 
 
 def job_name(spec: LaunchSpec) -> str:
@@ -307,6 +318,11 @@ class LauncherKind:
         """What the report header adds about this launcher ("" for the default)."""
         return ""
 
+    def devices_per_host(self, nproc: int, nnodes: int) -> int:
+        """The devices a launch of `nnodes` nodes of `nproc` ranks uses on this host: all
+        of them, since this launcher simulates every node here."""
+        return nproc * nnodes
+
     def agents(self, spec: LaunchSpec) -> Agents:
         if spec.nnodes > 1:
             return LocalNodes()
@@ -323,6 +339,10 @@ class SlurmLauncher(LauncherKind):
         job = os.environ.get("SLURM_JOB_ID")
         where = f"steps of job {job}" if job else "an allocation per launch"
         return f", launcher={described}: {where}"
+
+    def devices_per_host(self, nproc: int, nnodes: int) -> int:
+        """Each node of the allocation is a host of its own."""
+        return nproc
 
     def agents(self, spec: LaunchSpec) -> Agents:
         return SlurmSteps(self.args)

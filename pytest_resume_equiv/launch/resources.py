@@ -12,13 +12,15 @@ import dataclasses
 import os
 import random
 import time
+from collections.abc import Sequence
 from typing import Optional
 
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch
 from ..schedule import Handle
 from .agents import LauncherKind, launcher_of
-from .devices import Device, DeviceLease, visible_ids
+from .devices import Device, DeviceLease, default_lock_dir, lock_names, visible_ids
+from .leases import Ticket
 from .running import LaunchResult, LaunchSpec, RunningLaunch
 from .share import SharedLaunch
 
@@ -29,20 +31,25 @@ def parallelism(
     """(launches that run the user's code at once, launches started ahead at their gate).
 
     On CPU a launch gets a core per rank, and one more launch may start ahead and wait.
-    On accelerators a launch leases `nproc` devices when it starts, so as many launches run
-    as there are device sets, and none starts ahead: it would hold devices while it waits.
-    Under Slurm the steps of one allocation all see its devices (the plugin leases none), so
-    accelerator launches run one at a time.
+    On accelerators a launch leases the devices it uses on this host when it starts (every
+    simulated node's: `nproc * nnodes`), so as many launches run as there are device sets,
+    and none starts ahead: it would hold devices while it waits. Under Slurm the steps of one
+    allocation all see its devices (the plugin leases none), so accelerator launches run one
+    at a time.
     """
     if device.kind == "cpu":
         return max(1, (os.cpu_count() or 1) // world_size), 1
-    if launcher is not None and launcher.one_accelerator_launch:
+    launcher = launcher or LauncherKind()
+    if launcher.one_accelerator_launch:
         return 1, 0
-    return max(1, device.count // nproc), 0
+    return max(1, device.count // launcher.devices_per_host(nproc, world_size // nproc)), 0
 
 
 class LeaseWait:
-    """Waiting for `n` devices of `device`: ask now, or block; give up after `timeout`s."""
+    """Waiting for `n` devices of `device`: ask now, or block; give up after `timeout`s.
+
+    Waiters are served in arrival order across every pytest process (leases.py); a wait for
+    more devices than this process can see fails at once, not after the timeout."""
 
     def __init__(
         self, device: Device, n: int, timeout: float, what: str, lock_dir: Optional[str] = None
@@ -51,39 +58,73 @@ class LeaseWait:
         self.n = n
         self.timeout = timeout
         self.what = what
-        self.lock_dir = lock_dir
+        self.lock_dir = lock_dir or default_lock_dir()
         self.since: Optional[float] = None
+        self.ticket: Optional[Ticket] = None
 
-    def poll(self) -> Optional[DeviceLease]:
-        """The lease if the devices are free now; None if not yet; ResumeEquivError once the
-        wait has lasted longer than the timeout."""
-        lease = DeviceLease(
-            self.device.kind, visible_ids(self.device.kind, self.device.count), self.lock_dir
-        )
-        if lease.try_acquire(self.n):
-            return lease
+    def poll(self, prefer: Sequence[str] = ()) -> Optional[DeviceLease]:
+        """The lease if the devices are free now and no earlier waiter still waits; None if
+        not yet; ResumeEquivError when they can never be had, or once the wait has lasted
+        longer than the timeout. `prefer`: ids to take first (the test's previous launch's)."""
+        kind = self.device.kind
+        ids = visible_ids(kind, self.device.count, rocm=self.device.rocm)
+        if self.n > len(ids):
+            raise ResumeEquivError(
+                f"{self.what} needs {self.n} {kind} devices on this host, but this process "
+                f"sees {len(ids)} ({self._visible()}): lower nproc, nnodes or resume_nproc, "
+                "or make more devices visible"
+            )
+        if self.ticket is None:
+            self.ticket = Ticket(self.lock_dir, kind)
+        if self.ticket.first():
+            lease = DeviceLease(
+                kind,
+                ids,
+                self.lock_dir,
+                lock_names(self.device, ids),
+                self.device.visible_vars,
+            )
+            if lease.try_acquire(self.n, prefer):
+                self.leave()
+                return lease
         now = time.monotonic()
         self.since = now if self.since is None else self.since
         if now - self.since > self.timeout:
+            self.leave()
             raise ResumeEquivError(
-                f"could not lease {self.n} {self.device.kind} devices for {self.what} within "
-                f"{self.timeout:g}s (other pytest workers hold them)"
+                f"could not lease {self.n} {kind} devices for {self.what} within "
+                f"{self.timeout:g}s (other launches or pytest workers hold them)"
             )
         return None
 
-    def wait(self) -> DeviceLease:
-        while True:
-            lease = self.poll()
-            if lease is not None:
-                return lease
-            time.sleep(0.1 + random.random() * 0.4)
+    def _visible(self) -> str:
+        for var in self.device.visible_vars:
+            if var in os.environ:
+                return f"{var}={os.environ[var]}"
+        return f"{self.device.count} found"
+
+    def leave(self) -> None:
+        """Give up this wait's place in the queue."""
+        if self.ticket is not None:
+            self.ticket.leave()
+            self.ticket = None
+
+    def wait(self, prefer: Sequence[str] = ()) -> DeviceLease:
+        try:
+            while True:
+                lease = self.poll(prefer)
+                if lease is not None:
+                    return lease
+                time.sleep(0.1 + random.random() * 0.4)
+        finally:
+            self.leave()
 
 
 def with_lease(spec: LaunchSpec, lease: Optional[DeviceLease]) -> LaunchSpec:
-    """The launch restricted to its leased devices (their visible-devices variable)."""
+    """The launch restricted to its leased devices (their visible-devices variables)."""
     if lease is None:
         return spec
-    return dataclasses.replace(spec, env={**spec.env, **lease.env()})
+    return dataclasses.replace(spec, env={**spec.env, **lease.env()}, lease_env=lease.env())
 
 
 class LeasedLaunch:
@@ -126,6 +167,15 @@ class Launcher:
         """The test's node id: a reused launch says which test ran it."""
         self.lock_dir = lock_dir
         self._waits: dict[str, LeaseWait] = {}
+        self.previous: list[str] = []
+        """The devices this test's last leased launch had: its next launch asks for them
+        first, since other GPUs (another NVLink or PCIe path) can change NCCL's reduction
+        order and so the trajectory."""
+
+    def close(self) -> None:
+        """The test's launches are over: no wait of it keeps a place in the lease queue."""
+        for wait in self._waits.values():
+            wait.leave()
 
     def __call__(self, planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
         if planned.shared:
@@ -138,12 +188,14 @@ class Launcher:
         spec = planned.spec
         if self.device.kind == "cpu" or not launcher_of(spec).leases_devices:  # Slurm: GRES
             return RunningLaunch(spec, gated=gated)
+        n = launcher_of(spec).devices_per_host(spec.nproc, spec.nnodes)
         wait = self._waits.setdefault(
-            spec.name, LeaseWait(self.device, spec.nproc, self.timeout, spec.name, self.lock_dir)
+            spec.name, LeaseWait(self.device, n, self.timeout, spec.name, self.lock_dir)
         )
-        lease = wait.poll()
+        lease = wait.poll(self.previous)
         if lease is None:
             return None
+        self.previous = list(lease.held)
         try:
             return LeasedLaunch(RunningLaunch(with_lease(spec, lease), gated=gated), lease)
         except BaseException:

@@ -212,7 +212,7 @@ class RunningLaunch:
                 subprocess.Popen(
                     argv,
                     cwd=self.spec.cwd,
-                    env=env,
+                    env={**env, **self.agents.node_env(self.spec, node)},
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

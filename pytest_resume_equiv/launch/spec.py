@@ -45,6 +45,9 @@ class LaunchSpec:
     launch allows it (forked.py)."""
     preload: tuple[str, ...] = ()
     """`--resume-equiv-preload`: what that server imports before it forks."""
+    lease_env: dict[str, str] = field(default_factory=dict)
+    """The visible-devices variables of the devices leased for this launch (also in `env`):
+    simulated node k of a launch on one host sees the k-th `nproc` of them."""
 
     @property
     def world_size(self) -> int:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
+from .fingerprint import one_transfer
 from .layout import (
     CONTEXT_ENV,
     RNG,
@@ -196,10 +197,13 @@ class RankState:
             return
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"record(step=...) needs an int step number, got {step!r}")
-        encoded = {
-            key: encode(value, f"record(step={step}) value {key!r}")
-            for key, value in values.items()
-        }
+        with one_transfer() as batch:
+            encoded = batch.resolve(
+                {
+                    key: encode(value, f"record(step={step}) value {key!r}")
+                    for key, value in values.items()
+                }
+            )
         writer = self.open()
         if writer.records == 0:  # the training has set its knobs by its first step
             writer.preflight(preflight_capture())
@@ -236,7 +240,8 @@ class RankState:
 
     def capture(self) -> dict[str, Any]:
         """Every automatic section (layout.SECTIONS), as its capture function sees it now."""
-        return {name: CAPTURES[name](self) for name in section_names()}
+        with one_transfer() as batch:  # the device values of the whole audit in one copy
+            return batch.resolve({name: CAPTURES[name](self) for name in section_names()})
 
     def take_resume_point(
         self, at: str, forward_before: Optional[dict[str, Any]] = None, write: bool = True

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .fingerprint import content_hash, describe, local_shard
+from .fingerprint import (
+    Later,
+    absmax,
+    content_hash,
+    deferred,
+    describe,
+    local_shard,
+    one_transfer,
+    stat_values,
+    statistics,
+)
 from .layout import FLOAT_TAG, TENSOR_TAG
 
 RECORDABLE = (
@@ -102,21 +112,33 @@ def state_fingerprint(value: Any) -> Any:
 
 def tensor_fingerprint(tensor: Any) -> Any:
     """A floating tensor as the audit keeps it: its exact hash and, where a tolerance or a
-    measured noise applies, its norm, mean and largest magnitude (float32 or better, one
-    reduction); any other tensor (counts, generator states) by its hash alone."""
-    import torch
-
+    measured noise applies, its norm, mean and largest magnitude (float32 or better, without
+    a float32 copy of the tensor); any other tensor (counts, generator states) by its hash
+    alone. Inside `one_transfer` the device parts wait for the audit's one copy."""
     local = local_shard(tensor)
     if not (local.is_floating_point() or local.is_complex()):
         return content_hash(local)
-    found: dict[str, Any] = {"hash": content_hash(local)}
-    values = local.reshape(-1)
-    if local.is_complex():
-        values = torch.view_as_real(values).reshape(-1)
-    if values.numel() == 0:
-        return found
-    work = values if values.dtype in (torch.float32, torch.float64) else values.to(torch.float32)
-    stats = torch.stack([torch.linalg.vector_norm(work), work.mean(), work.abs().max()])
-    norm, mean, absmax = stats.cpu().tolist()
-    found.update(norm=encode_float(norm), mean=encode_float(mean), absmax=encode_float(absmax))
-    return found
+    with one_transfer() as batch:
+        found: dict[str, Any] = {"hash": content_hash(local)}
+        values = stat_values(local)
+        if values is not None:
+            part = statistics(values)
+            for name, pick in (("norm", _norm), ("mean", _mean), ("absmax", _absmax)):
+                found[name] = deferred(Later(part.words, _encoded(part, pick)))
+        return batch.resolve(found)
+
+
+def _norm(stats: list[float]) -> float:
+    return stats[0]
+
+
+def _mean(stats: list[float]) -> float:
+    return stats[1]
+
+
+def _absmax(stats: list[float]) -> float:
+    return absmax(stats[2], stats[3])
+
+
+def _encoded(part: Later, pick: Callable[[list[float]], float]) -> Callable[[list[int]], Any]:
+    return lambda words: encode_float(pick(part.finish(words)))

@@ -13,12 +13,22 @@ everything it checkpoints (rank/accelerate.py), looked up at each audit.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 from .accelerate import checkpointed_objects, is_accelerator
 from .encode import encode, encode_float, state_fingerprint, tensor_fingerprint
-from .fingerprint import content_hash, local_shard
+from .fingerprint import (
+    Later,
+    content_hash,
+    deferred,
+    local_shard,
+    one_transfer,
+    stat_values,
+    statistics,
+    to_host,
+)
 from .layout import submodule_target, watched_name, watched_subject
 from .loader import is_loader, loader_sections
 
@@ -76,20 +86,30 @@ class Watched:
         # audit; never across audits, since a freed tensor's id can be reused.
         seen = _Fingerprints()
         names = _param_names(objects)
-        for name, obj in objects.items():
-            for part, value in _parts(obj, torch, seen, names).items():
-                out[watched_name(name, part)] = value
-        return out
+        with one_transfer() as batch:  # every device value of the audit in one copy
+            for name, obj in objects.items():
+                for part, value in _parts(obj, torch, seen, names).items():
+                    out[watched_name(name, part)] = value
+            return batch.resolve(out)
 
 
 def shard_norm(tensor: Any) -> float:
-    """The L2 norm of this rank's shard of `tensor`, in float32 or better."""
-    import torch
+    """The L2 norm of this rank's shard of `tensor`, in float32 or better (no float32 copy
+    of it); 0.0 for an empty one, NaN for one without data (meta)."""
+    values = stat_values(tensor)
+    if values is None:
+        return math.nan if local_shard(tensor).device.type == "meta" else 0.0
+    part = statistics(values)
+    return float(part.finish(to_host(part.words))[0])
 
-    local = local_shard(tensor)
-    if local.dtype not in (torch.float32, torch.float64):
-        local = local.to(torch.float32)
-    return float(torch.linalg.vector_norm(local)) if local.numel() else 0.0
+
+def _norm_later(tensor: Any) -> Any:
+    """The encoded norm of `tensor`, waiting for the audit's one copy (None without data)."""
+    values = stat_values(tensor)
+    if values is None:
+        return None
+    part = statistics(values)
+    return deferred(Later(part.words, lambda words: encode_float(part.finish(words)[0])))
 
 
 class _Fingerprints:
@@ -104,9 +124,7 @@ class _Fingerprints:
             found = tensor_fingerprint(tensor)
             # a parameter always has statistics (an integer one too: its norm)
             self.seen[key] = (
-                found
-                if isinstance(found, dict)
-                else {"hash": found, "norm": encode_float(shard_norm(tensor))}
+                found if isinstance(found, dict) else {"hash": found, "norm": _norm_later(tensor)}
             )
         return self.seen[key]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..checks import Verdict, kind_of
-from ..judge import Outcome
+from ..checks.base import Outcome
 from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch
 from ..signature import readable

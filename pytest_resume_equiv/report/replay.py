@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..compare.comparators import Rules
+from ..compare.tolerance import ComparisonRules
 
 JUDGEMENT_FILE = "judgement.json"
 JUDGEMENT_FORMAT = "pytest-resume-equiv/judgement"
@@ -27,7 +27,7 @@ class Judgement:
     check: str
     split: int
     label: str
-    rules: Rules
+    rules: ComparisonRules
     runs: dict[str, str] = field(default_factory=dict)
     """The run directories it was compared with, by role ("uninterrupted", "envelope")."""
 
@@ -81,7 +81,7 @@ def read_judgement(run_dir: str) -> Optional[Judgement]:
             check=str(data["check"]),
             split=int(data["split"]),
             label=str(data["label"]),
-            rules=Rules.from_json(data["rules"]),
+            rules=ComparisonRules.from_json(data["rules"]),
             runs={str(k): str(v) for k, v in data.get("runs", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -9,7 +9,7 @@ of context instead of walls of numbers.
 from __future__ import annotations
 
 from ..checks import kind_of
-from ..judge import Outcome
+from ..checks.base import Outcome
 from ..launch.running import LaunchResult
 from ..signature import count
 from .records import TestRecord

@@ -196,6 +196,41 @@ def test_auto_skips_without_accelerator_and_require_device_fails(pytester):
     cuda.stdout.fnmatch_lines(["*needs 2 cuda device(s), found 0*"])
 
 
+def test_the_plugin_leaves_torch_unimported_in_a_session_without_resume_tests(pytester):
+    """The plugin autoloads in every pytest session: a header that imported torch and asked
+    torch.cuda.is_available() would poison fork for the user's own tests (and cost seconds)."""
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+
+        def test_nothing_imported_torch():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "resume_equiv")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["resume-equiv: device=auto -> no accelerator, resume tests skip*"])
+
+
+def test_a_resumed_launch_larger_than_the_devices_is_checked_at_setup(pytester):
+    pytester.makepyfile(
+        test_bigger="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=4, split=2, nproc=1, resume_nproc=4, interrupt="stop")
+        def test_needs_four(resume_equiv):
+            raise AssertionError("must not run")
+        """
+    )
+    cuda = pytester.runpytest_subprocess("-p", "resume_equiv", "--resume-equiv-device=cuda", "-rs")
+    cuda.assert_outcomes(skipped=1)
+    cuda.stdout.fnmatch_lines(
+        [
+            "*needs 4 cuda device(s) (its resumed launches: resume_nproc=4 x resume_nnodes=1 on this host), found 0*"
+        ]
+    )
+
+
 def test_missing_checkpoint_is_a_clear_error(trainers):
     trainers.makepyfile(
         test_ckpt="""

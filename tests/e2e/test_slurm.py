@@ -277,7 +277,7 @@ def test_accelerator_launches_in_one_allocation_run_one_at_a_time():
         1,
         0,
     )
-    assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4) == (4, 0)
+    assert parallelism(Device("cuda", "nccl", 8), nproc=2, world_size=4) == (2, 0)
 
 
 def test_local_launcher_simulates_nodes_with_one_agent_each(tmp_path):

@@ -12,7 +12,8 @@ from pytest_resume_equiv.checks.base import Verdict
 from pytest_resume_equiv.checks.crash import CrashTable
 from pytest_resume_equiv.checks.crash_points import find_points, on_disk
 from pytest_resume_equiv.compare import facts
-from pytest_resume_equiv.compare.comparators import Rules, comparator_for
+from pytest_resume_equiv.compare.comparators import comparator_for
+from pytest_resume_equiv.compare.tolerance import ComparisonRules
 from pytest_resume_equiv.errors import ResumeEquivError, SettingError
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
 from pytest_resume_equiv.launch.running import LaunchResult
@@ -146,7 +147,7 @@ REFERENCE = {
         resume_points=[{**POINT, "split": 2}, {**POINT, "split": 4}],
     )
 }
-COMPARATOR = comparator_for(Rules(steps=6))
+COMPARATOR = comparator_for(ComparisonRules(steps=6))
 
 
 def trainer(ctx):

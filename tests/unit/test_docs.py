@@ -1,5 +1,6 @@
-"""The documentation stays true: options tables match the code, the site builds strictly,
-the changelog names this version, the CI recipes use the plugin as documented."""
+"""The documentation stays true: the options table matches the code and is in one place,
+the site builds strictly, the changelog names this version, the CI recipes use the plugin as
+documented."""
 
 import re
 import subprocess
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import pytest_resume_equiv
+from pytest_resume_equiv.marker import MARKER_KEYWORDS
+from pytest_resume_equiv.plugin import MARKER_DOC
 from pytest_resume_equiv.settings import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,10 +26,26 @@ def _option_rows(path: Path) -> set[tuple[str, str, str]]:
     return rows
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/reference/options.md"])
-def test_options_tables_match_the_code(doc):
+def test_options_table_matches_the_code():
     expected = {(o.cli, o.ini, o.env) for o in OPTIONS.values()}
-    assert _option_rows(ROOT / doc) == expected
+    assert _option_rows(ROOT / "docs" / "reference" / "options.md") == expected
+
+
+def test_options_table_is_in_one_place():
+    """The README links to the reference; a second copy of the table drifts."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    holding = [p.relative_to(ROOT).as_posix() for p in pages if _option_rows(p)]
+    assert holding == ["docs/reference/options.md"]
+
+
+def test_marker_keywords_are_documented():
+    """`pytest --markers` and the marker reference name every keyword the marker accepts."""
+    reference = (ROOT / "docs" / "reference" / "marker.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", reference, re.M))
+    assert rows == set(MARKER_KEYWORDS)
+    parameters = MARKER_DOC.split("(", 1)[1].split(")", 1)[0]
+    named = set(re.findall(r"(?:^|,\s*)(\w+)", parameters))
+    assert named == set(MARKER_KEYWORDS)
 
 
 def test_docs_site_builds_strictly(tmp_path):

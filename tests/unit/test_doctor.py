@@ -6,9 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
-from fakes import GIB, FakeAccel, importer
+from fakes import GIB, importer
 from helpers import hangs_after_destroy
 
 import pytest_resume_equiv as req
@@ -16,10 +17,29 @@ from pytest_resume_equiv.__main__ import main
 from pytest_resume_equiv.doctor import cli, determinism, environment, launches, leftovers, resume
 from pytest_resume_equiv.doctor.ranks import FIRST_STEP_KEYS
 from pytest_resume_equiv.doctor.rows import FAIL, OK, WARN, Row, table, to_json
-from pytest_resume_equiv.launch.devices import Device, DeviceLease
+from pytest_resume_equiv.launch.devices import (
+    Device,
+    DeviceLease,
+    HostProbe,
+    TorchBuild,
+    count_here,
+)
 from pytest_resume_equiv.launch.targets import target_from_callable
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.signature import Signature
+
+
+def by_child(import_module):
+    """The plugin's device count, its child asking the fake torch (as test_devices.py does)."""
+    return HostProbe(
+        build=lambda: TorchBuild(cuda=True, xpu=True, npu=True),
+        gpus=lambda: None,
+        child=lambda kind: count_here(kind, import_module),
+    )
+
+
+def pick(requested, nproc, import_module):
+    return environment.pick(requested, nproc, by_child(import_module), import_module)
 
 
 def statuses(rows):
@@ -39,35 +59,37 @@ def test_versions_fail_when_torch_does_not_import():
 
 
 def test_pick_every_kind_and_why():
-    assert environment.pick("cpu", 2).device.kind == "cpu"
-    cuda = environment.pick("auto", 2, importer(cuda=2, npu=8))
+    assert environment.pick("cpu", 2, HostProbe(build=pytest.fail)).device.kind == "cpu"
+    cuda = pick("auto", 2, importer(cuda=2, npu=8))
     assert (cuda.device.kind, cuda.device.backend, cuda.fallback) == ("cuda", "nccl", False)
     assert "first accelerator found" in cuda.rows[0].seen
-    npu = environment.pick("npu", 4, importer(npu=8))
+    npu = pick("npu", 4, importer(npu=8))
     assert (npu.device.backend, npu.rows[0].status) == ("hccl", OK)
-    xpu = environment.pick("xpu", 2, importer(xpu=2, xccl=False))
+    xpu = pick("xpu", 2, importer(xpu=2, xccl=False))
     assert statuses(xpu.rows) == {"device": OK, "xpu backend": WARN}
 
 
 def test_pick_fails_without_the_device_and_falls_back_to_cpu():
-    missing = environment.pick("auto", 2, importer())
+    missing = pick("auto", 2, importer())
     assert missing.fallback and missing.device.kind == "cpu"
     (row,) = missing.rows
     assert row.status == FAIL and "no accelerator found" in row.seen
     assert "--resume-equiv-device=cpu" in row.fix
-    cuda = environment.pick("cuda", 2, importer(cuda=0)).rows[0]
+    cuda = pick("cuda", 2, importer(cuda=0)).rows[0]
     assert cuda.status == FAIL and "needs 2 cuda device(s), found 0" in cuda.seen
 
 
 def test_pick_fails_with_too_few_devices():
-    (row,) = environment.pick("npu", 4, importer(npu=2)).rows
+    (row,) = pick("npu", 4, importer(npu=2)).rows
     assert row.status == FAIL and row.seen.startswith("needs 4 npu devices, found 2")
     assert "--nproc" in row.fix
 
 
 def test_devices_name_each_one_and_its_free_memory():
-    device = Device("cuda", "nccl", 2)
-    (row,) = environment.devices(device, importer(cuda=FakeAccel(2, "NVIDIA H100")))
+    fake = importer(cuda=2)
+    (row,) = environment.devices(
+        Device("cuda", "nccl", 2), lambda kind: environment.device_facts(kind, fake)
+    )
     assert row.status == OK
     assert row.seen == (
         "2 cuda devices: cuda:0 NVIDIA H100 #0 (80.0 of 80.0 GiB free); "
@@ -75,11 +97,23 @@ def test_devices_name_each_one_and_its_free_memory():
     )
 
 
+def test_devices_that_do_not_answer_are_a_warning():
+    (row,) = environment.devices(Device("xpu", "xccl", 2), lambda kind: [])
+    assert row.status == WARN and "got no answer" in row.seen
+
+
 def test_devices_warn_about_a_nearly_full_one():
-    accel = FakeAccel(2, "Ascend910B", free=(60 * GIB, GIB // 4), total=64 * GIB)
-    import_module = importer(npu=accel)
-    import_module("torch_npu")
-    (row,) = environment.devices(Device("npu", "hccl", 2), import_module)
+    fake = importer(npu=2)
+    fake("torch_npu")
+    npu = fake.torch.npu
+    npu.name, npu.free, npu.total = "Ascend910B", (60 * GIB, GIB // 4), 64 * GIB
+
+    def registered(name):  # torch_npu imported once: its torch.npu stays the one set up here
+        return ModuleType("torch_npu") if name == "torch_npu" else fake(name)
+
+    (row,) = environment.devices(
+        Device("npu", "hccl", 2), lambda kind: environment.device_facts(kind, registered)
+    )
     assert row.status == WARN and "0.2 of 64.0 GiB free" in row.seen
     assert row.fix.startswith("npu:1 nearly full")
 
@@ -343,8 +377,12 @@ def test_the_cuda_branch_against_a_fake_torch_cuda(tmp_path):
     """With a fake torch.cuda of 2 devices the environment rows say cuda; nccl, which this
     CPU machine cannot bring up on them, is a failed row with its fix, and what depends on it
     is not run: exit 1, no traceback."""
+    fake = importer(cuda=2)
+    fake.torch.cuda.name = "NVIDIA H200"
     seams = cli.Seams(
-        import_module=importer(cuda=FakeAccel(2, "NVIDIA H200")),
+        import_module=fake,
+        host_probe=by_child(fake),
+        device_query=lambda kind: environment.device_facts(kind, fake),
         environ={},
         lock_dir=str(tmp_path / "locks"),
         resume_test=lambda *args: pytest.fail("must not run on a backend that failed"),

@@ -5,11 +5,11 @@ import json
 
 from plan_helpers import plan_for, write_run
 
-from pytest_resume_equiv.checks import Verdict
+from pytest_resume_equiv.checks import Outcome, Verdict
 from pytest_resume_equiv.checks.resume import judge_resume
-from pytest_resume_equiv.compare.comparators import Exact, Rules
+from pytest_resume_equiv.compare.comparators import Exact
+from pytest_resume_equiv.compare.tolerance import ComparisonRules
 from pytest_resume_equiv.diagnose import Diagnosis
-from pytest_resume_equiv.judge import Outcome
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
 from pytest_resume_equiv.launch.running import LaunchResult
 from pytest_resume_equiv.rank.layout import log_path
@@ -45,7 +45,7 @@ def outcome_with(tmp_path, resumed_loss=lambda s, r: s / 2, **marker):
     base, res = read_run(full.spec.run_dir, 1), read_run(resumed.spec.run_dir, 1)
     outcome = Outcome(plan)
     outcome.launches = [result_of(full, reused="test_a.py::test_first"), result_of(resumed)]
-    verdict = judge_resume(base, res, 3, Exact(Rules(6)), "resume", "split 3")
+    verdict = judge_resume(base, res, 3, Exact(ComparisonRules(6)), "resume", "split 3")
     verdict.diagnosis = None
     verdict.launch, verdict.rerun = resumed.name, outcome.launches[1].command
     verdict.runs = {"uninterrupted": full.spec.run_dir, "resumed": resumed.spec.run_dir}
