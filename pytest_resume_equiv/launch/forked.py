@@ -8,7 +8,9 @@ rank 0 holding the rendezvous store as in a one-rank launch. `ForkedRank` is the
 `subprocess.Popen` face of a forked rank that `RunningLaunch` needs.
 
 `fork_refusal` says why a launch must start plainly instead: its environment changes what
-the server read at start (an import-time switch of torch, the dynamic loader, Python).
+the server read at start (an import-time switch of torch, the dynamic loader, Python). A
+server that cannot start (a preload module that poisons fork, starts a thread or fails to
+import) makes every launch start plainly too, with the reason as the launch's note.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class ForkServer:
 
     running: ClassVar[dict[tuple[str, ...], ForkServer]] = {}
     """The live servers of this pytest process, by preload list."""
+    refused: ClassVar[dict[tuple[str, ...], str]] = {}
+    """Why the server for a preload list could not start: asked once per session."""
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str]) -> None:
         self.preload = preload
@@ -86,7 +90,11 @@ class ForkServer:
             start_new_session=True,
             preexec_fn=_die_with_pytest,
         )
-        first = self._read(START_WAIT)
+        try:
+            first = self._read(START_WAIT)
+        except (ResumeEquivError, ValueError) as exc:
+            self.stop()
+            raise ResumeEquivError(f"the fork server did not start: {exc}") from None
         if "error" in first:
             self.stop()
             raise ResumeEquivError(f"--resume-equiv-preload: {first['error']}")
@@ -104,6 +112,7 @@ class ForkServer:
         for server in list(cls.running.values()):
             server.stop()
         cls.running.clear()
+        cls.refused.clear()
 
     def _read(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -245,8 +254,13 @@ def agents_for(spec: LaunchSpec, env: dict[str, str]) -> Agents:
     plain = launcher.agents(spec)
     if not (spec.fork_server and launcher.can_fork and spec.nnodes == 1):
         return plain
-    refusal = fork_refusal(server_env(), env)
-    if refusal:
-        plain.note = f"started without the fork server: {refusal}"
-        return plain
-    return Forked(ForkServer.get(spec.preload))
+    refusal = fork_refusal(server_env(), env) or ForkServer.refused.get(spec.preload, "")
+    if not refusal:
+        try:
+            return Forked(ForkServer.get(spec.preload))
+        except (ResumeEquivError, OSError) as exc:
+            # a server that cannot start (a preload module that poisons fork or starts a
+            # thread, an import that fails) must not fail every launch: they start plainly
+            refusal = ForkServer.refused[spec.preload] = str(exc)
+    plain.note = f"started without the fork server: {refusal}"
+    return plain

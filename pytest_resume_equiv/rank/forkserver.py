@@ -3,7 +3,8 @@ launches, so a rank starts in milliseconds instead of paying `import torch` agai
 
 `python -m pytest_resume_equiv.rank.forkserver PRELOAD...` imports torch,
 `torch.distributed`, `torch.optim` and the plugin's rank code (plus the user's `PRELOAD`
-modules), checks that nothing started a thread or touched a device, and then serves JSON
+modules), checks that nothing started a thread, touched a device or poisoned fork (a probe
+child reads `_is_in_bad_fork()`), and then serves JSON
 lines on its stdin/stdout:
 
 - `{"op": "fork", "argv": [...], "env": {...}, "cwd": DIR, "log": PATH}`: fork a rank; the
@@ -64,6 +65,42 @@ def touched_devices() -> list[str]:
     return found
 
 
+def poisoned_fork() -> list[str]:
+    """The accelerator runtimes a forked child of this process could not initialise.
+
+    `is_initialized()` is not enough: `torch.cuda.is_available()` (a common import-time call)
+    runs `cudaGetDeviceCount`, which registers a fork handler (torch/csrc/cuda/Module.cpp,
+    `poison_fork`) without setting `is_initialized()`, and every forked rank then fails with
+    "Cannot re-initialize CUDA in forked subprocess". Only a forked child sees that
+    condition, as `_is_in_bad_fork()` (torch.cuda, torch.xpu, and torch_npu's torch.npu): a
+    probe child reads it and exits."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe: read, write, leave without running any exit handler
+        try:
+            os.close(read)
+            bad = []
+            for name in ("cuda", "xpu", "npu"):
+                check = getattr(getattr(torch, name, None), "_is_in_bad_fork", None)
+                with contextlib.suppress(Exception):
+                    if check is not None and check():
+                        bad.append(name)
+            os.write(write, json.dumps(bad).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        answer = f.read()
+    os.waitpid(pid, 0)
+    try:
+        return [str(name) for name in json.loads(answer or b"[]")]
+    except ValueError:
+        return ["an accelerator (the fork probe did not answer)"]
+
+
 def preload(modules: list[str]) -> dict[str, Any]:
     """Import the base modules and the user's, one at a time, refusing one that leaves a
     thread running or a device initialised. The answer is the server's first line."""
@@ -85,6 +122,13 @@ def preload(modules: list[str]) -> dict[str, Any]:
                 "error": f"preload module {name!r} initialises {', '.join(devices)} at "
                 "import; a forked child cannot use an initialised device: import it in the "
                 "training code instead"
+            }
+        poisoned = poisoned_fork()
+        if poisoned:
+            return {
+                "error": f"importing {name!r} poisons fork for {', '.join(poisoned)} (something "
+                "asked the driver, e.g. torch.cuda.is_available()); a forked rank could not "
+                "use the device: import it in the training code instead"
             }
     return {"ready": True, "pid": os.getpid(), "modules": [*BASE_MODULES, *modules]}
 

@@ -4,6 +4,7 @@ forking unsafe is refused, and nothing outlives pytest, even after SIGKILL."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,9 @@ from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
 from pytest_resume_equiv.launch.spec import default_env
 from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.settings import parse_preload
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""tests/: where the shared fakes are (fakes.py)."""
 
 # Each rank writes what a fresh process would have: its RNG streams as the bootstrap left
 # them, the torchrun variables, its process group, and whether a module global set by the
@@ -152,7 +156,58 @@ def test_a_preload_module_that_starts_a_thread_is_refused_by_name(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     with pytest.raises(ResumeEquivError, match="preload module 'spins_up' starts threads"):
         ForkServer.get(("spins_up",))
+    # a server that cannot start fails no launch: each starts plainly and says why
+    spec = dataclasses.replace(_spec(tmp_path, {}), preload=("spins_up",))
+    agents = agents_for(spec, {**os.environ, **default_env()})
+    assert isinstance(agents, Standalone)
+    assert "started without the fork server: --resume-equiv-preload: preload module " in agents.note
     ForkServer.stop_all()
+
+
+# Follows torch 2.13: torch.cuda.is_available() calls torch._C._cuda_getDeviceCount(), which
+# poisons fork (torch/csrc/cuda/Module.cpp) but leaves is_initialized() False; the fake
+# (tests/fakes.py, FakeCuda) does the same in the server that imports this module.
+POISONS_FORK = """
+import torch
+from fakes import FakeCuda
+
+torch.cuda = FakeCuda(2)
+torch.cuda.is_available()  # what many libraries do at import
+"""
+
+
+def test_a_preload_that_poisons_fork_starts_every_launch_plainly_with_a_note(
+    tmp_path, probe, monkeypatch
+):
+    """Checking is_initialized() alone let such a server start, and then every forked rank
+    failed with "Cannot re-initialize CUDA in forked subprocess"."""
+    (tmp_path / "poisons_fork.py").write_text(POISONS_FORK)
+    path = [str(tmp_path), TESTS, os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
+    run_dir = tmp_path / "run-poisoned"
+    run_dir.mkdir(mode=0o700)
+    spec = LaunchSpec(
+        "poisoned",
+        Target("script", str(probe)),
+        str(run_dir),
+        2,
+        1,
+        120.0,
+        LaunchContext("launch", str(run_dir), "cpu", "gloo", seed=0),
+        {"PROBE_DIR": str(tmp_path), "PROBE_TAG": "poisoned"},
+        str(tmp_path),
+        fork_server=True,
+        preload=("poisons_fork",),
+    )
+    result = launch(spec)
+    assert result.ok, [result.tail(result.rank_log(r)) for r in range(2)]
+    assert result.note == (
+        "started without the fork server: --resume-equiv-preload: importing 'poisons_fork' "
+        "poisons fork for cuda (something asked the driver, e.g. torch.cuda.is_available()); "
+        "a forked rank could not use the device: import it in the training code instead"
+    )
+    assert ForkServer.refused[("poisons_fork",)]  # the next launch does not try again
+    assert ("poisons_fork",) not in ForkServer.running
 
 
 def test_preload_setting_takes_module_names():
