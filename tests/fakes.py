@@ -11,6 +11,8 @@ from typing import Any, Callable, Optional, Union
 
 from pytest_resume_equiv.launch.nvml import Gpu
 
+GIB = 1024**3
+
 
 class FakeCuda:
     """`torch.cuda` of a CUDA build, after torch/cuda/__init__.py (torch 2.13) and
@@ -30,6 +32,10 @@ class FakeCuda:
     def __init__(self, count: int, nvml: bool = True) -> None:
         self.count = count
         self.nvml = nvml
+        self.name = "NVIDIA H100"
+        self.free: tuple[int, ...] = (80 * GIB,)
+        """Free bytes per device (the last repeats for the others)."""
+        self.total = 80 * GIB
         """Whether NVML answers (`_device_count_nvml() >= 0`)."""
         self._initialized = False
         self.fork_poisoned = False
@@ -74,6 +80,24 @@ class FakeCuda:
     def current_device(self) -> int:
         self._lazy_init()
         return 0
+
+    def _checked(self, device: Optional[int]) -> int:
+        """torch.cuda._utils._get_device_index, then the driver's "invalid device ordinal"."""
+        self._lazy_init()
+        index = 0 if device is None else int(device)
+        if not 0 <= index < self.count:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        return index
+
+    def get_device_name(self, device: Optional[int] = None) -> str:
+        """torch.cuda.get_device_name: get_device_properties(device).name (initialises)."""
+        return f"{self.name} #{self._checked(device)}"
+
+    def mem_get_info(self, device: Optional[int] = None) -> tuple[int, int]:
+        """torch/cuda/memory.py mem_get_info: cudart().cudaMemGetInfo(device) -> (free,
+        total) bytes (initialises); torch_npu/npu/memory.py and torch/xpu/memory.py alike."""
+        index = self._checked(device)
+        return (self.free[min(index, len(self.free) - 1)], self.total)
 
 
 class FakeNpu(FakeCuda):
@@ -167,8 +191,11 @@ class FakeDeviceModule(types.ModuleType):
     a rank's generator registry does not see them). `calls` lists what touched the driver.
     """
 
-    def __init__(self, kind: str, count: int) -> None:
+    def __init__(self, kind: str, count: int, real: Optional[ModuleType] = None) -> None:
         super().__init__(f"torch.{kind}")
+        self.real = real
+        """The CPU build's module: what the fake does not model (classes torch's other
+        modules read at import, `_CudaDeviceProperties`...) is read from it."""
         self.kind = kind
         self.count = count
         self.initialized = False
@@ -178,6 +205,12 @@ class FakeDeviceModule(types.ModuleType):
         self._queued_calls: list[Callable[[], None]] = []
         self.calls: list[str] = []
         self.random = self  # torch.cuda.random.set_rng_state is torch.cuda.set_rng_state
+
+    def __getattr__(self, name: str) -> Any:
+        real = self.__dict__.get("real")
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
 
     # initialisation
     def device_count(self) -> int:

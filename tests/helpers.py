@@ -272,3 +272,12 @@ def check_rng_report(path):
     assert run["control"] == {"ran": True, "deterministic": True, "first_difference": ""}
     assert run["failure"] == "split 3: step 4, rank 0, 'loss'" and run["warnings"] == []
     assert [x["role"] for x in run["launches"]] == ["uninterrupted", "resumed", "control"]
+
+
+def hangs_after_destroy(ctx):
+    """The doctor's backend probe, then a rank that never leaves (a destructor stuck after
+    teardown): the doctor's teardown row must fail on it."""
+    from pytest_resume_equiv.doctor.ranks import all_reduce
+
+    all_reduce(ctx)
+    time.sleep(300)

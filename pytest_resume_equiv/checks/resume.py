@@ -14,6 +14,7 @@ from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
 from ..compare.gate import gate
 from ..compare.noise import NoiseFacts
+from ..compare.streams import same_streams
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
@@ -55,7 +56,10 @@ def judge_resume(
     """A resumed run against the run it must equal: the resume point gated exactly against
     the launch that wrote the checkpoint (`source`, when not the uninterrupted `reference`),
     the comparison of every later step, their facts (the data accounting) and the likely
-    cause of a difference."""
+    cause of a difference. A generator stream both runs hold in the same state under two names
+    (made on two lines) is one stream (`same_streams`)."""
+    run = same_streams(reference, run)
+    source = same_streams(reference, source) if source is not None else None
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
     held = gate(reference, source, run, split, rules)

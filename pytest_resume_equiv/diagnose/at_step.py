@@ -15,12 +15,14 @@ from ..rank.layout import (
     WATCH,
     generator_site,
     is_audit_key,
+    parent_stream,
     section_of,
     split_key,
     stream_kind,
     watched,
     watched_part,
 )
+from .causes import stream_words
 from .evidence import (
     ROUNDING,
     Diagnosis,
@@ -48,14 +50,33 @@ def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
         gens = [k for k in keys if generator_site(k) is not None]
         core = [k for k in keys if stream_kind(k) in CORE_STREAMS]
         if gens and not core:
-            site = generator_site(gens[0])
+            derived = [k for k in gens if parent_stream(k) is not None]
+            if len(derived) == len(gens):
+                return _seeded_from_parent(ev, rank, derived[0])
+            site = generator_site(next(k for k in gens if k not in derived))
             return Diagnosis(
                 f"{ev.where(rank)}: the generator created at {site} differs while the CPU and device "
                 "generators match: its state was not restored (a module or sampler owns a "
-                "torch.Generator and re-seeds it when constructed; save and load its get_state())",
+                "torch.Generator and re-seeds it when constructed). Fix: save its state and load "
+                "it after building it, generator.get_state() / generator.set_state()",
                 "owned generator",
             )
     return None
+
+
+def _seeded_from_parent(ev: Evidence, rank: int, key: str) -> Diagnosis:
+    """A sampler's generator, seeded from the CPU RNG when an iterator starts, differs while
+    the CPU RNG matches at this step: the CPU RNG differed when that iterator started."""
+    parent = parent_stream(key) or ""
+    return Diagnosis(
+        f"{ev.where(rank)}: {stream_words(key)} differs while {stream_words(parent)}, which "
+        f"seeds it when an iterator starts, matches at this step: {stream_words(parent)} was "
+        "not the uninterrupted run's state when the iterator started (restored only after "
+        "it). Fix: restore it to the state saved before the epoch's iterator started, before "
+        "starting the iterator again, or give the DataLoader a generator of its own "
+        "(DataLoader(generator=g)) and save and restore g's state",
+        f"{stream_kind(parent)} RNG before the iterator started",
+    )
 
 
 def _global_stream(ev: Evidence) -> Optional[Diagnosis]:

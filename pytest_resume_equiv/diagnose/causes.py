@@ -8,8 +8,10 @@ from typing import Callable, Optional
 
 from ..rank.layout import (
     GENERATOR,
+    OWNED_BY,
     device_index,
     generator_site,
+    parent_stream,
     split_key,
     stream_kind,
     watch_key,
@@ -52,6 +54,33 @@ def from_other_rank(s: Subject) -> Optional[Diagnosis]:
                     "restored from another rank",
                 )
     return None
+
+
+def derived_from_parent(s: Subject) -> Optional[Diagnosis]:
+    """A stream re-derived from another audited stream (the generator a DataLoader's sampler
+    seeds from the CPU RNG whenever an iterator starts) differs only because its parent
+    differed when it was seeded: the parent is the cause, even where the parent itself matches
+    at the resume point (restored after the iterator started)."""
+    parent = parent_stream(s.name)
+    if parent is None:
+        return None
+    parent_words = stream_words(parent)
+    first = next((d for d in (s.res or {}).get("draws", []) if d.get("stream") == s.name), None)
+    started = f" (its iterator started at {first['at']})" if first else ""
+    now = (
+        "and it still differs at the resume point"
+        if point_value(s.base, parent) != point_value(s.res, parent)
+        else "although it matches at the resume point (restored after the iterator started)"
+    )
+    return Diagnosis(
+        f"{s.where()}: {stream_words(s.name)} differs at the resume point; it is seeded from "
+        f"{parent_words} when an iterator starts{started}, so {parent_words} was not the "
+        f"uninterrupted run's state there, {now}. Fix: before starting the iterator again, "
+        f"restore {parent_words} to the state saved before the epoch's iterator started "
+        f"({HOW.get(stream_kind(parent), 'set_rng_state')}), or give the DataLoader a generator "
+        "of its own (DataLoader(generator=g)) and save and restore g's state",
+        f"{stream_kind(parent)} RNG before the iterator started",
+    )
 
 
 def reseeded(s: Subject) -> Optional[Diagnosis]:
@@ -189,6 +218,9 @@ def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
 
 def stream_words(name: str) -> str:
     site = generator_site(name)
+    if site is not None and OWNED_BY in site:
+        owner = site.rsplit(" #", 1)[0]
+        return f"the generator the {owner} makes whenever an iterator starts"
     if site is not None:
         return f"the generator created at {site}"
     kind = stream_kind(name)
@@ -375,6 +407,7 @@ def object_restored_wrong(s: Subject) -> Diagnosis:
 StreamRule = Callable[[Subject], Optional[Diagnosis]]
 STREAM_RULES: tuple[StreamRule, ...] = (
     from_other_rank,
+    derived_from_parent,
     reseeded,
     advanced_by_draws,
     restored_too_late,

@@ -10,6 +10,7 @@ from ..rank.layout import (
     RNG,
     WATCH,
     audit_key,
+    parent_stream,
     section_names,
     section_of,
     split_key,
@@ -125,8 +126,16 @@ def subjects(ev: Evidence, rank: int) -> list[Subject]:
     # a data loader's epoch and position decide how its sampler seeds and draws: it explains
     # a sampler generator's state, not the other way round; a scheduler sets its optimizer's
     # learning rate: it explains an optimizer's lr
+    # a stream re-derived from another (a sampler's generator, from the CPU RNG) after it
     order = {"loader": 0, "module": 2, "scheduler": 3, "optimizer": 4, "object": 5}
-    return sorted(found, key=lambda s: (1 if s.is_stream else order[s.kind], s.name))
+    return sorted(
+        found,
+        key=lambda s: (
+            1 if s.is_stream else order[s.kind],
+            s.is_stream and parent_stream(s.name) is not None,
+            s.name,
+        ),
+    )
 
 
 def equal_to_step(ev: Evidence, rank: int, label: str = "", part: str = "params") -> Optional[int]:

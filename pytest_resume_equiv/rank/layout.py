@@ -375,8 +375,35 @@ def device_stream(kind: str, index: Any) -> str:
 
 
 def generator_stream(identity: str) -> str:
-    """A `torch.Generator`'s stream, by its creation site (`train.py:12 #0`) or given name."""
+    """A `torch.Generator`'s stream, by its creation site (`train.py:12 #0`), its owner
+    (`owned_generator`), or given name."""
     return f"{GENERATOR} {identity}"
+
+
+OWNED_BY = " of the DataLoader built at "
+"""Joins the class of what made a generator inside torch (the sampler) and the line that built
+the DataLoader it belongs to: `RandomSampler of the DataLoader built at train.py:40`."""
+DERIVED_FROM = {"RandomSampler": "cpu"}
+"""Owners that seed each generator they make from a draw on another stream: torch's
+`RandomSampler` without a generator of its own seeds a fresh one from the CPU RNG whenever an
+iterator starts (a `DistributedSampler` seeds from its seed and epoch, no stream)."""
+
+
+def owned_generator(owner: str, loader_site: str) -> str:
+    """The identity of a generator made inside torch by `owner` (a sampler's class name) of
+    the DataLoader built at `loader_site`: the same in every run, wherever the iterator that
+    made it was started."""
+    return f"{owner}{OWNED_BY}{loader_site}"
+
+
+def parent_stream(key: str) -> Optional[str]:
+    """The stream key a generator's stream is re-derived from (`rng:cpu` for a RandomSampler's
+    generator), None when it is not derived from another audited stream."""
+    site = generator_site(key)
+    if site is None or OWNED_BY not in site:
+        return None
+    parent = DERIVED_FROM.get(site.split(OWNED_BY)[0])
+    return stream_key(parent) if parent else None
 
 
 def generator_site(key: str) -> Optional[str]:

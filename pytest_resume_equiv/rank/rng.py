@@ -1,5 +1,6 @@
 """Audit every random stream of a rank: CPU, each local accelerator, numpy, Python, and
-every `torch.Generator` the process created, named by where it was created.
+every `torch.Generator` the process created, named by where it was created (or, for one
+torch's own code makes, by the DataLoader that owns it).
 
 Generators are found by wrapping `torch.Generator` construction once the in-rank API is active
 (the bootstrap does it before the user's code runs), because a generator owned by some module
@@ -8,6 +9,7 @@ or sampler and re-seeded at construction is the resume bug nobody thinks to save
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import sys
@@ -15,23 +17,89 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .fingerprint import content_hash, hash_bytes
-from .layout import DEVICE_KINDS, device_stream, generator_stream, stream_key
-from .trace import called_from_torch, short_path, torch_dir
+from .layout import DEVICE_KINDS, device_stream, generator_stream, owned_generator, stream_key
+from .trace import called_from_torch, inside, short_path, torch_dir, user_frame
 
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 """Frames in the in-rank machinery are skipped; the toy models' own frames are real sites."""
 
 
-def creation_site() -> str:
-    """The first frame outside torch and the in-rank API: where the generator was made."""
+def creation_site(owners: Optional[Owners] = None) -> str:
+    """Where the generator being made was made: the first frame outside torch and the in-rank
+    API. A generator torch's own code makes (a sampler's, when an iterator starts) is named by
+    what owns it instead (`owners`), since the user's line that started that iterator differs
+    between runs that are the same: one starts it at an epoch's start, the other in its
+    restore function."""
     torch_folder = torch_dir()
     frame = sys._getframe(1)
+    made_by_torch = ""
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_OUR_DIR) and not (torch_folder and path.startswith(torch_folder)):
-            return f"{short_path(path)}:{frame.f_lineno}"
+        if inside(path, _OUR_DIR):
+            frame = frame.f_back
+            continue
+        if not (torch_folder and inside(path, torch_folder)):
+            return made_by_torch or f"{short_path(path)}:{frame.f_lineno}"
+        owner = frame.f_locals.get("self")
+        named = owners.name_of(owner) if owners is not None and owner is not None else None
+        if named is not None:
+            return named
+        if not made_by_torch:
+            what = type(owner).__name__ if owner is not None else frame.f_code.co_name
+            made_by_torch = f"torch's {what}"
         frame = frame.f_back
-    return "<unknown>"
+    return made_by_torch or "<unknown>"
+
+
+class Owners:
+    """The samplers of every DataLoader built since `install`, with the line that built it: a
+    generator a sampler makes is named after its loader (`layout.owned_generator`)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[weakref.ref, str]] = []
+        """(weak reference to a sampler or batch sampler, the loader's build site)."""
+        self._replaced: Any = None
+
+    def add(self, loader: Any, site: str) -> None:
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        parts = [getattr(loader, "sampler", None), batch_sampler]
+        parts.append(getattr(batch_sampler, "sampler", None))
+        self.parts = [(ref, at) for ref, at in self.parts if ref() is not None]
+        for part in parts:
+            try:
+                self.parts.append((weakref.ref(part), site))
+            except TypeError:  # None, or a sampler that takes no weak reference
+                pass
+
+    def name_of(self, obj: Any) -> Optional[str]:
+        """The identity of a generator `obj` makes, if `obj` is a known loader's sampler."""
+        for ref, site in self.parts:
+            if ref() is obj:
+                return owned_generator(type(obj).__name__, site)
+        return None
+
+    def install(self) -> None:
+        """Remember where each DataLoader is built (wraps `DataLoader.__init__`; a subclass's
+        own `__init__` calls it too)."""
+        if self._replaced is not None:
+            return
+        from torch.utils.data import DataLoader
+
+        real = DataLoader.__init__
+        add = self.add
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            real(loader, *args, **kwargs)
+            add(loader, user_frame(2))
+
+        functools.update_wrapper(__init__, real)
+        self._replaced = real
+        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._replaced is not None:
+            sys.modules["torch"].utils.data.DataLoader.__init__ = self._replaced
+            self._replaced = None
 
 
 class Generators:
@@ -45,9 +113,11 @@ class Generators:
         """Stream names of generators tracked with ignore=True."""
         self._replaced: Any = None
         """torch.Generator as it was before `install` (None while not installed)."""
+        self.owners = Owners()
 
     def register(self, generator: Any, name: Optional[str] = None) -> None:
-        self.entries.append((name or creation_site(), weakref.ref(generator), name is not None))
+        site = name or creation_site(self.owners)
+        self.entries.append((site, weakref.ref(generator), name is not None))
 
     def track(self, generator: Any, name: str, ignore: bool = False) -> None:
         """Audit `generator` under `name` (also one made before the API was active);
@@ -147,12 +217,14 @@ class Generators:
         _Logged.__qualname__ = Generator.__qualname__ = "Generator"
         self._replaced = torch.Generator
         torch.Generator = Generator
+        self.owners.install()
 
     def uninstall(self) -> None:
         """Give torch its own `Generator` back (a rank never needs it; a test process does)."""
         if self._replaced is not None:
             sys.modules["torch"].Generator = self._replaced
             self._replaced = None
+        self.owners.uninstall()
 
 
 def _device_modules() -> list[tuple[str, Any]]:
@@ -215,6 +287,19 @@ def mutate(generators: Generators) -> None:
         generator.manual_seed(generator.initial_seed() ^ salt)
 
 
+def seed_devices(seed: int, kinds: tuple[str, ...] = DEVICE_KINDS) -> None:
+    """Seed every device of these kinds whose module is loaded (queued until the device is
+    initialised, as torch does). `torch.manual_seed` reaches torch_npu's streams only
+    through the privateuse1 hook, once torch_npu is imported: seeded here by name."""
+    torch = sys.modules.get("torch")
+    for kind in kinds:
+        module = getattr(torch, kind, None)
+        seed_all = getattr(module, "manual_seed_all", None)
+        in_bad_fork = getattr(module, "_is_in_bad_fork", None)
+        if callable(seed_all) and not (callable(in_bad_fork) and in_bad_fork()):
+            seed_all(seed)
+
+
 def seed_host_streams(seed: int) -> None:
     """Start every global RNG of the rank (torch CPU and devices, numpy, Python) from `seed`.
 
@@ -228,6 +313,7 @@ def seed_host_streams(seed: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
+        seed_devices(seed)
     try:
         import numpy
     except ImportError:

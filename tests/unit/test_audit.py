@@ -1,6 +1,7 @@
 """The in-rank audit: random streams, generator identities, watch() sections, the teeth check's mutation."""
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +162,45 @@ def test_a_stateful_loader_is_audited_with_its_position_and_workers(in_rank):
     assert second["loader.position"]["batches yielded"] == 2
     assert second["loader.position"]["samples yielded"] == 4
     assert "saved sampler iterator" in second["loader.generator"]
+
+
+def _first_batch(batches):
+    return next(batches)  # another line than the test's own next(): not where it is named
+
+
+def test_a_samplers_generator_is_named_by_its_loader_wherever_its_iterator_starts(tracking):
+    from torch.utils.data import DataLoader
+
+    from pytest_resume_equiv.rank.layout import parent_stream, stream_key
+
+    loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)  # the loader's line
+    line = test_a_samplers_generator_is_named_by_its_loader_wherever_its_iterator_starts
+    built_at = line.__code__.co_firstlineno + 5
+    here = iter(loader)
+    next(here)
+    started_here = [k for k in audit_streams() if k.startswith("generator ")]
+    del here
+    there = iter(loader)
+    _first_batch(there)
+    elsewhere = [k for k in audit_streams() if k.startswith("generator ")]
+    assert started_here == elsewhere and len(elsewhere) == 1
+    name = elsewhere[0]
+    assert name.startswith("generator RandomSampler of the DataLoader built at ")
+    assert name.endswith(f"test_audit.py:{built_at} #0")
+    assert parent_stream(stream_key(name)) == "rng:cpu"
+    own = torch.Generator().manual_seed(1)  # a generator the user makes: named by its line
+    own_line = sys._getframe().f_lineno - 1
+    mine = [k for k in audit_streams() if k.endswith(f"test_audit.py:{own_line} #0")]
+    assert len(mine) == 1 and parent_stream(stream_key(mine[0])) is None
+    del own, there
+
+
+def test_uninstall_gives_the_dataloader_its_own_init_back(in_rank):
+    from torch.utils.data import DataLoader
+
+    in_rank()
+    real = DataLoader.__init__
+    current().generators.install(lambda generator, call: None)
+    assert DataLoader.__init__ is not real
+    current().generators.uninstall()
+    assert DataLoader.__init__ is real

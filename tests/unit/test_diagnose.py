@@ -385,3 +385,89 @@ def test_an_eval_the_resumed_run_repeats_before_its_first_step_is_named():
     assert "randint at train.py:61 (4 times)" in d.cause
     # without the save's events nothing tells the repeat: the draws are the same in both
     assert diagnosis(base, res, [LOAD, set_state]).bug_class != "repeated before the resume"
+
+
+# One stream is one stream whatever its name (issue 30, item 1)
+
+SAMPLER = "generator RandomSampler of the DataLoader built at train.py:12 #0"
+"""A generator torch's RandomSampler makes whenever an iterator starts, seeded from the CPU
+RNG: re-derived from the CPU stream."""
+
+
+def judged(base_point, res_point, restores, base_values, res_values):
+    from pytest_resume_equiv.checks.resume import judge_resume
+    from pytest_resume_equiv.compare.comparators import Exact
+    from pytest_resume_equiv.compare.tolerance import ComparisonRules
+
+    base = {0: run("uninterrupted", range(1, 7), base_values, points=[base_point])}
+    res = {0: run("resumed", range(4, 7), res_values, points=[res_point], restores=restores)}
+    return judge_resume(base, res, SPLIT, Exact(ComparisonRules(6)), "resume", "split 3")
+
+
+def with_generator(site, state):
+    """A step's record: the loss, the CPU stream, and one generator made at `site`."""
+    return lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", f"rng:generator {site} #0": f"{state}{s}"}
+
+
+def test_a_generator_made_on_another_line_in_the_same_state_is_the_same_stream():
+    """The resumed run makes its generator in its restore function (train.py:40) and gives it
+    the saved state; the uninterrupted run made it at train.py:12: same states, no finding."""
+    set_state = restore("Generator.set_state", "rng:generator train.py:40 #0", at="train.py:41")
+    verdict = judged(
+        point(rng={"generator train.py:12 #0": "g"}),
+        point(
+            rng={"generator train.py:40 #0": "g"},
+            restores=2,
+            draws=[("randn", "rng:generator train.py:40 #0", "train.py:60", 2)],
+        ),
+        [LOAD, set_state],
+        with_generator("train.py:12", "g"),
+        with_generator("train.py:40", "g"),
+    )
+    assert verdict.status == "passed", (verdict.comparison, verdict.facts)
+
+
+def test_a_generator_made_on_another_line_in_another_state_stays_a_finding():
+    verdict = judged(
+        point(rng={"generator train.py:12 #0": "g"}),
+        point(rng={"generator train.py:40 #0": "x"}, restores=1),
+        [LOAD],
+        with_generator("train.py:12", "g"),
+        with_generator("train.py:40", "x"),
+    )
+    assert verdict.status == "failed"
+
+
+def test_a_samplers_generator_that_differs_blames_the_cpu_rng_it_was_seeded_from():
+    """The CPU RNG matches at the resume point (restored at the end of the restore function),
+    the sampler's generator does not: the CPU RNG was wrong when the iterator started."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    draws = [
+        ("random_", "rng:cpu", "train.py:25", 1),
+        ("randperm", f"rng:{SAMPLER}", "train.py:26", 1),
+    ]
+    d = diagnosis(
+        point(rng={SAMPLER: "s"}),
+        point(rng={SAMPLER: "x"}, restores=2, draws=draws),
+        [LOAD, set_state],
+        base_values=lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", f"rng:{SAMPLER}": "s"},
+        res_values=lambda s: {"loss": s / 3, "rng:cpu": f"c{s}", f"rng:{SAMPLER}": "x"},
+    )
+    assert d.bug_class == "cpu RNG before the iterator started"
+    assert "the generator the RandomSampler of the DataLoader built at train.py:12 makes" in d.cause
+    assert "seeded from the CPU RNG (torch's default generator)" in d.cause
+    assert "its iterator started at train.py:26" in d.cause
+    assert "although it matches at the resume point" in d.cause
+    assert d.cause.count("Fix:") == 1 and "was never restored" not in d.cause
+
+
+def test_a_cpu_rng_never_restored_is_named_before_the_sampler_generator_it_seeds():
+    d = diagnosis(
+        point(rng={SAMPLER: "s"}),
+        point(rng={"cpu": "x", SAMPLER: "x"}, restores=1),
+        [LOAD],
+        base_values=lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", f"rng:{SAMPLER}": "s"},
+        res_values=lambda s: {"loss": s / 3, "rng:cpu": f"x{s}", f"rng:{SAMPLER}": "x"},
+    )
+    assert d.bug_class == "never restored"
+    assert "the CPU RNG (torch's default generator) was never restored" in d.cause

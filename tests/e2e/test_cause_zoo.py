@@ -1,0 +1,61 @@
+"""Right causes on a trainer shaped like the public scripts (tests/zoo/causezoo.py, issue 30):
+a correct mid-epoch resume that starts its DataLoader's iterator in its restore function (on
+another line than the uninterrupted run starts it) passes, and each planted bug is named by
+its own cause, with one "Fix:" line. One pytest session; the cases share one uninterrupted
+launch."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import CPU, section_of
+
+ZOO = Path(__file__).parent.parent / "zoo" / "causezoo.py"
+TESTS = """
+from pytest_resume_equiv import resume_equivalent
+
+def go(resume_equiv, bug):
+    resume_equiv.run(
+        ["causezoo.py"], checkpoint="{run_dir}/out/step_{split}", resume_args=[f"--bug={bug}"]
+    )
+
+@resume_equivalent(steps=8, split=[3, 5], nproc=1)
+def test_exact(resume_equiv):
+    go(resume_equiv, "none")
+
+@resume_equivalent(steps=8, split=5, nproc=1, rng_mutation=False)
+def test_no_epoch_shuffle(resume_equiv):
+    go(resume_equiv, "no_epoch_shuffle")
+"""
+
+CAUSES = {
+    "no_epoch_shuffle": (
+        "likely cause (cpu RNG before the iterator started)",
+        "the generator the RandomSampler of the DataLoader built at causezoo.py:",
+        "seeded from the CPU RNG (torch's default generator) when an iterator starts",
+        "although it matches at the resume point",
+        "Fix: before starting the iterator again, restore the CPU RNG",
+    ),
+}
+WRONG = ("recorded by the uninterrupted run only", "recorded by the resumed run only")
+
+
+@pytest.mark.long(90)
+def test_a_correct_mid_epoch_resume_passes_and_each_bug_gets_its_cause(pytester):
+    shutil.copy(ZOO, pytester.path / "causezoo.py")
+    pytester.makepyfile(test_causes=TESTS)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-W", "always")
+    text = result.stdout.str()
+    assert "INTERNALERROR" not in text
+    assert "PASSED test_causes.py::test_exact" in text, section_of(text, "test_exact")
+    problems = []
+    for name, expected in CAUSES.items():
+        section = section_of(text, f"test_{name}")
+        if f"FAILED test_causes.py::test_{name}" not in text:
+            problems.append(f"{name}: not caught:\n{section[:2000]}")
+        missing = [phrase for phrase in expected if phrase not in section]
+        wrong = [phrase for phrase in WRONG if phrase in section]
+        likely = [line for line in section.splitlines() if "likely cause" in line]
+        if missing or wrong or any(line.count("Fix:") != 1 for line in likely):
+            problems.append(f"{name}: lacks {missing}, claims {wrong}:\n{section[:3000]}")
+    assert not problems, "\n\n".join(problems)
