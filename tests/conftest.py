@@ -15,6 +15,19 @@ def pytest_configure(config):
         "markers",
         "long(seconds): runs torchrun launches for about this long on 2 cores; starts first",
     )
+    config.addinivalue_line(
+        "markers",
+        "session: starts a pytest session in a subprocess (uses the pytester fixture); "
+        "set on every such test at collection, so `-m 'not session'` leaves them out",
+    )
+
+
+def _mark_sessions(items) -> None:
+    """Mark every test that starts a pytest session: the pytester fixture is how our tests
+    start one, so the mark cannot drift from what a test does."""
+    for item in items:
+        if "pytester" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.session)
 
 
 SLURM_TESTS = "test_slurm.py::"
@@ -50,6 +63,7 @@ def pytest_collection_modifyitems(items):
     worker starts on long work at once and the run ends on short, stealable tests, instead
     of a long test starting last on one worker while the other waits.
     """
+    _mark_sessions(items)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
