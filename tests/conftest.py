@@ -76,10 +76,20 @@ def in_rank(tmp_path, monkeypatch):
     a fresh rank state (`rank.context.reset`) made from the run context set in the
     environment; each call closes the previous one's signature and starts another."""
 
-    def enter(phase="uninterrupted", rank=0, world_size=1, split=3, steps=6, run_dir=None):
+    def enter(
+        phase="uninterrupted",
+        rank=0,
+        world_size=1,
+        split=3,
+        steps=6,
+        run_dir=None,
+        device_kind="cpu",
+    ):
         run_dir = str(run_dir or tmp_path / phase)
         current().close()
-        launch = LaunchContext(phase, run_dir, steps=steps, split=split, splits=(split,))
+        launch = LaunchContext(
+            phase, run_dir, device_kind=device_kind, steps=steps, split=split, splits=(split,)
+        )
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("LOCAL_RANK", str(rank))

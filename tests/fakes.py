@@ -191,8 +191,11 @@ class FakeDeviceModule(types.ModuleType):
     a rank's generator registry does not see them). `calls` lists what touched the driver.
     """
 
-    def __init__(self, kind: str, count: int) -> None:
+    def __init__(self, kind: str, count: int, real: Optional[ModuleType] = None) -> None:
         super().__init__(f"torch.{kind}")
+        self.real = real
+        """The CPU build's module: what the fake does not model (classes torch's other
+        modules read at import, `_CudaDeviceProperties`...) is read from it."""
         self.kind = kind
         self.count = count
         self.initialized = False
@@ -202,6 +205,12 @@ class FakeDeviceModule(types.ModuleType):
         self._queued_calls: list[Callable[[], None]] = []
         self.calls: list[str] = []
         self.random = self  # torch.cuda.random.set_rng_state is torch.cuda.set_rng_state
+
+    def __getattr__(self, name: str) -> Any:
+        real = self.__dict__.get("real")
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
 
     # initialisation
     def device_count(self) -> int:

@@ -17,7 +17,7 @@ from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch.agents import OneRank, Standalone
 from pytest_resume_equiv.launch.forked import Forked, ForkServer, agents_for, fork_refusal
 from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
-from pytest_resume_equiv.launch.spec import default_env
+from pytest_resume_equiv.launch.spec import default_env, launcher_named
 from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.settings import parse_preload
 
@@ -125,7 +125,7 @@ def _spec(tmp_path, env, nproc=2, nnodes=1, launcher="local", fork=True):
         60.0,
         context,
         env,
-        launcher=launcher,
+        launcher=launcher_named(launcher),
         fork_server=fork,
     )
 
