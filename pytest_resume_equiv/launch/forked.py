@@ -49,9 +49,17 @@ IMPORT_TIME_PREFIXES = (
     "GOMP_",
     "OPENBLAS_",
     "MALLOC_",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+    "INDUCTOR_",
+    "AOT_",
+    "AOTINDUCTOR_",
+    "SYMPY_",
 )
-"""Variables read when torch (or the interpreter, or its C libraries) loads: a launch that
-sets one to another value than the server started with cannot be forked from it."""
+"""Variables read when torch (or the interpreter, or its C libraries) loads, `torch._dynamo`
+included (its config and inductor's, and sympy, read theirs at import; the server imports
+it): a launch that sets one to another value than the server started with cannot be forked
+from it."""
 AFTER_IMPORT = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 """...except these, which the forked child applies itself or which are read later."""
 STOP_GRACE = 10.0
