@@ -239,3 +239,22 @@ def test_sigkill_of_pytest_leaves_no_server_and_no_rank(trainers, tmp_path):
     while processes_mentioning(str(trainers.path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(trainers.path)) == []
+
+
+def test_a_prestarted_server_serves_and_its_refusal_comes_at_first_use():
+    """`prestart` (at collection, when resume tests will launch) starts the server without
+    waiting for its imports; the first launch waits for it. A server that cannot serve has
+    written why and left by then: its own reason is read, not a bare exit status."""
+    try:
+        ForkServer.prestart(())
+        server = ForkServer.running[()]
+        assert ForkServer.get(()) is server and server.ready
+        ForkServer.prestart(())  # one per preload list
+        assert ForkServer.running[()] is server
+        ForkServer.prestart(("no_such_module_here",))
+        ForkServer.running[("no_such_module_here",)].proc.wait(timeout=120)
+        with pytest.raises(ResumeEquivError, match="importing no_such_module_here failed"):
+            ForkServer.get(("no_such_module_here",))
+        assert ("no_such_module_here",) not in ForkServer.running
+    finally:
+        ForkServer.stop_all()
