@@ -36,7 +36,7 @@ from .evidence import (
     optimizer_steps_differ,
     scheduler_restarted,
 )
-from .subject import point_value
+from .subject import held_at_resume, point_value
 
 CORE_STREAMS = ("cpu", *DEVICE_KINDS)
 """torch's own streams: the CPU's and each device's default generator."""
@@ -416,7 +416,51 @@ STEP_RULES = (
 changes everything computed after it, so those come before parameters and recorded values."""
 
 
+def _computed_differently(ev: Evidence) -> Diagnosis:
+    """Everything audited matched at the resume point, yet a resumed step computed something
+    else: the cause is in what the audit did not see, never in how a watched object or an
+    audited stream was saved or restored (that would contradict the resume point)."""
+    rank, keys = next(iter(ev.differing.items()))
+    base, res = ev.points(rank)
+    watched_objects = sorted({k.rpartition(".")[0] for k in (res or {}).get(WATCH, {})})
+    streams = len((res or {}).get("rng", {}))
+    seen = ", ".join(f"'{o}'" for o in watched_objects) or "no watched object"
+    which = (
+        "the first resumed step"
+        if ev.step == ev.split + 1
+        else f"step {ev.step} (the steps before it matched)"
+    )
+    user = [k for k in keys if not is_audit_key(k)] or keys
+    device = str(ev.res_sigs[rank].header.get("device") or "cpu") if rank in ev.res_sigs else "cpu"
+    noise = (
+        ""
+        if device == "cpu"
+        else " On an accelerator a fresh process may also pick other kernels: the noise "
+        "verdict says whether this is within the measured noise."
+    )
+    return Diagnosis(
+        f"{ev.where(rank)}: everything restored matched the uninterrupted run bit for bit at "
+        f"the resume point ({seen} and {streams} random streams, at {(res or {}).get('at')}), "
+        f"yet {which} computed differently ({', '.join(user[:4])}): the difference is in state "
+        "the audit did not see, not in how the watched state was saved or restored. Look at: "
+        "modules and buffers not given to watch(), gradient-accumulation buffers, caches and "
+        "running statistics kept outside the watched objects (a loss normalizer, a feature or "
+        f"KV cache), counters and flags of the training loop.{noise} Fix: save and restore "
+        "that state with the checkpoint; watch() the object you suspect (or record its "
+        "value) and the report names it",
+        "computed differently after an exact resume",
+    )
+
+
+HELD_RULES = (_accumulation, _data)
+"""When the resume point held: only the rules that do not blame an audited object's save or
+restore (the gradient-accumulation state and the data order are not audited objects)."""
+
+
 def classify_at_step(ev: Evidence) -> Diagnosis:
+    if held_at_resume(ev):
+        found = next((d for d in (rule(ev) for rule in HELD_RULES) if d is not None), None)
+        return found or _computed_differently(ev)
     for rule in STEP_RULES:
         found = rule(ev)
         if found is not None:

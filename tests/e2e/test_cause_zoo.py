@@ -1,14 +1,14 @@
 """Right causes on a trainer shaped like the public scripts (tests/zoo/causezoo.py, issue 30):
 a correct mid-epoch resume that starts its DataLoader's iterator in its restore function (on
 another line than the uninterrupted run starts it) passes, and each planted bug is named by
-its own cause, with one "Fix:" line. One pytest session; the cases share one uninterrupted
-launch."""
+its own cause, with one "Fix:" line; where the resume point held, no cause blames a save or
+restore. One pytest session; the cases share one uninterrupted launch."""
 
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CPU, section_of
+from helpers import CPU, gate_contradictions, held_gates, section_of
 
 ZOO = Path(__file__).parent.parent / "zoo" / "causezoo.py"
 TESTS = """
@@ -26,6 +26,14 @@ def test_exact(resume_equiv):
 @resume_equivalent(steps=8, split=5, nproc=1, rng_mutation=False)
 def test_no_epoch_shuffle(resume_equiv):
     go(resume_equiv, "no_epoch_shuffle")
+
+@resume_equivalent(steps=8, split=[3, 5], nproc=1, rng_mutation=False)
+def test_newest(resume_equiv):
+    go(resume_equiv, "newest")
+
+@resume_equivalent(steps=8, split=[3, 5], nproc=1, rng_mutation=False)
+def test_unwatched(resume_equiv):
+    go(resume_equiv, "unwatched")
 """
 
 CAUSES = {
@@ -36,15 +44,36 @@ CAUSES = {
         "although it matches at the resume point",
         "Fix: before starting the iterator again, restore the CPU RNG",
     ),
+    "newest": (
+        "likely cause (another step's checkpoint loaded)",
+        "loaded the checkpoint of step 6, not the one of step 3",
+        "/step_6/state.pt (torch.load at causezoo.py:",
+        "equals the uninterrupted run's state after step 6",
+        "Fix: load the checkpoint the resume was pointed at",
+    ),
+    "unwatched": (
+        "likely cause (computed differently after an exact resume)",
+        "everything restored matched the uninterrupted run bit for bit at the resume point",
+        "the first resumed step computed differently (loss)",
+        "modules and buffers not given to watch()",
+    ),
 }
-WRONG = ("recorded by the uninterrupted run only", "recorded by the resumed run only")
+WRONG = (
+    "recorded by the uninterrupted run only",
+    "recorded by the resumed run only",
+    "the saved state is not the one at the split",
+    "were reset after loading",
+)
 
 
 @pytest.mark.long(90)
 def test_a_correct_mid_epoch_resume_passes_and_each_bug_gets_its_cause(pytester):
     shutil.copy(ZOO, pytester.path / "causezoo.py")
     pytester.makepyfile(test_causes=TESTS)
-    result = pytester.runpytest_subprocess(*CPU, "-rA", "-W", "always")
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        *CPU, "-rA", "-W", "always", f"--resume-equiv-report={report}"
+    )
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
     assert "PASSED test_causes.py::test_exact" in text, section_of(text, "test_exact")
@@ -59,3 +88,6 @@ def test_a_correct_mid_epoch_resume_passes_and_each_bug_gets_its_cause(pytester)
         if missing or wrong or any(line.count("Fix:") != 1 for line in likely):
             problems.append(f"{name}: lacks {missing}, claims {wrong}:\n{section[:3000]}")
     assert not problems, "\n\n".join(problems)
+    # the gate-held cases (unwatched, at both splits): no cause blames a save or restore
+    assert held_gates(report) >= 2
+    assert not gate_contradictions(report), gate_contradictions(report)

@@ -471,3 +471,105 @@ def test_a_cpu_rng_never_restored_is_named_before_the_sampler_generator_it_seeds
     )
     assert d.bug_class == "never restored"
     assert "the CPU RNG (torch's default generator) was never restored" in d.cause
+
+
+# Another step's checkpoint loaded (issue 30, item 2)
+
+
+def newest_folder_case(read, files, base_params_at_point=3):
+    """The uninterrupted run saves step 3 and step 6 (`files`); the resumed run was pointed at
+    step 3's folder and its restore log reads `read`; what it restored is step 6's state."""
+
+    def params(step):
+        return {"w": {"hash": f"h{step}", "norm": encode(float(step), "n")}}
+
+    def base_values(step):
+        return {"loss": float(step), "rng:cpu": f"c{step}", "watch:model.params": params(step)}
+
+    base = point(rng={"cpu": "c3"}, watch={"model.params": params(base_params_at_point)})
+    res = point(
+        rng={"cpu": "c6"},
+        watch={"model.params": params(6)},
+        restores=3,
+        checkpoint={"path": "/ckpt/step_3"},
+    )
+    log = [
+        restore("torch.load", f"file {read}", at="train.py:90"),
+        restore("Module.load_state_dict", "watch:model"),
+        restore("torch.set_rng_state", "rng:cpu", at="train.py:95"),
+    ]
+    return diagnosis(
+        base,
+        res,
+        log,
+        base_values=base_values,
+        res_values=lambda s: {
+            "loss": s + 3.0,
+            "rng:cpu": f"c{s + 3}",
+            "watch:model.params": params(s + 3),
+        },
+        files=files,
+    )
+
+
+SAVES = [
+    saved("torch.save", 3, 50, "/ckpt/step_3/state.pt"),
+    saved("torch.save", 6, 200, "/ckpt/step_6/state.pt"),
+]
+
+
+def test_a_checkpoint_of_a_later_step_is_named_before_the_rng_rules():
+    d = newest_folder_case("/ckpt/step_6/state.pt", SAVES)
+    assert d.bug_class == "another step's checkpoint loaded", d.cause
+    assert d.cause.startswith("rank 0: loaded the checkpoint of step 6, not the one of step 3")
+    assert "read /ckpt/step_6/state.pt (torch.load at train.py:90)" in d.cause
+    assert "equals the uninterrupted run's state after step 6" in d.cause
+    assert d.cause.count("Fix:") == 1
+    assert "Fix: load the checkpoint the resume was pointed at (/ckpt/step_3)" in d.cause
+    assert "CPU RNG" not in d.cause
+
+
+def test_reading_the_given_checkpoint_is_no_other_step():
+    d = newest_folder_case("/ckpt/step_3/state.pt", SAVES)
+    assert d.bug_class != "another step's checkpoint loaded"
+
+
+# Never contradict the resume point (issue 30, item 3)
+
+
+@pytest.mark.parametrize(
+    "differs",
+    [
+        {"watch:opt.state": {"0": {"step": 4, "exp_avg": "other"}}},
+        {"watch:model.buffers": {"bn.running_mean": {"hash": "other"}}},
+        {"rng:cpu": "other"},
+        {"watch:model.modes": ["drop"]},
+    ],
+    ids=["optimizer", "buffers", "cpu-rng", "modes"],
+)
+def test_an_object_that_matched_at_the_resume_point_is_never_blamed_on_its_restore(differs):
+    """The gate held (every audited value equal at the same place); at step 4 the loss and an
+    audited object differ: the first resumed step computed differently, nothing was restored
+    wrong."""
+    state = {"opt.state": {"0": {"step": 3, "exp_avg": "m3"}}, "opt.lr": [0.1]}
+    state |= {"model.params": {"w": {"hash": "w3"}}, "model.buffers": {}, "model.modes": []}
+
+    def base_values(step):
+        return {"loss": 1.0, "rng:cpu": f"c{step}", "watch:opt.lr": [0.1]}
+
+    def res_values(step):
+        return {**base_values(step), "loss": 2.0, **(differs if step == 4 else {})}
+
+    d = diagnosis(
+        point(watch=state),
+        point(watch=state, restores=2),
+        [LOAD, restore("Optimizer.load_state_dict", "watch:opt")],
+        base_values=base_values,
+        res_values=res_values,
+    )
+    assert d.bug_class == "computed differently after an exact resume", d.cause
+    assert "everything restored matched the uninterrupted run bit for bit" in d.cause
+    assert "the first resumed step computed differently (loss)" in d.cause
+    assert "gradient-accumulation buffers" in d.cause and d.cause.count("Fix:") == 1
+    for wrong in ("not saved", "not restored", "reset after loading", "was never"):
+        assert wrong not in d.cause
