@@ -283,11 +283,13 @@ HELD_CAUSES = (
     "skipped again",
     "dataloader workers",
     "resumed-process compute",
+    "saved wrong by the launch that wrote it",
 )
 """The classes of cause that may stand when the resume point matched bit for bit: what the
 audit does not see (state outside the watched objects, the data order after the first step,
-worker seeds, another kernel in a fresh process). Any other blames the save or restore of an
-audited object that matched there."""
+worker seeds, another kernel in a fresh process), or a state that the launch which wrote the
+checkpoint saved wrong (the gate compares with that launch). Any other blames the save or
+restore of an audited object that matched there."""
 
 
 def gate_contradictions(report_path):

@@ -225,7 +225,8 @@ CASES = [
         "was restored (torch.set_rng_state at orderzoo.py:",
         "and then advanced by 4 draws",
         "random_ at orderzoo.py:58, randn at orderzoo.py:51 (3 times)",
-        "otherwise restore the stream after that code runs",
+        # draws beside the iterator's seed (augmentation): restoring after them comes first
+        "Fix: restore the stream after that code runs; otherwise give the DataLoader started",
         script=ORDER,
         group="c",
     ),

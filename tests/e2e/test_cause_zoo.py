@@ -14,9 +14,11 @@ ZOO = Path(__file__).parent.parent / "zoo" / "causezoo.py"
 TESTS = """
 from pytest_resume_equiv import resume_equivalent
 
-def go(resume_equiv, bug):
+def go(resume_equiv, bug, *args):
     resume_equiv.run(
-        ["causezoo.py"], checkpoint="{run_dir}/out/step_{split}", resume_args=[f"--bug={bug}"]
+        ["causezoo.py", *args],
+        checkpoint="{run_dir}/out/step_{split}",
+        resume_args=[f"--bug={bug}"],
     )
 
 @resume_equivalent(steps=8, split=[3, 5], nproc=1)
@@ -34,6 +36,14 @@ def test_newest(resume_equiv):
 @resume_equivalent(steps=8, split=[3, 5], nproc=1, rng_mutation=False)
 def test_unwatched(resume_equiv):
     go(resume_equiv, "unwatched")
+
+@resume_equivalent(steps=8, split=5, nproc=1)
+def test_own_generator_exact(resume_equiv):
+    go(resume_equiv, "none", "--own-generator")
+
+@resume_equivalent(steps=8, split=5, nproc=1, rng_mutation=False)
+def test_loader_reseed(resume_equiv):
+    go(resume_equiv, "loader_reseed", "--own-generator")
 """
 
 CAUSES = {
@@ -50,6 +60,13 @@ CAUSES = {
         "/step_6/state.pt (torch.load at causezoo.py:",
         "equals the uninterrupted run's state after step 6",
         "Fix: load the checkpoint the resume was pointed at",
+    ),
+    "loader_reseed": (
+        "likely cause (replayed epoch)",
+        "the resumed epoch 1 consumes the samples of epoch 0's steps 2-4, in order",
+        "the generator created at causezoo.py:",
+        "was seeded again after the checkpoint was read (Generator.manual_seed at causezoo.py:",
+        "Fix: save the generator's state from before the epoch's permutation was drawn",
     ),
     "unwatched": (
         "likely cause (computed differently after an exact resume)",
@@ -76,7 +93,8 @@ def test_a_correct_mid_epoch_resume_passes_and_each_bug_gets_its_cause(pytester)
     )
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
-    assert "PASSED test_causes.py::test_exact" in text, section_of(text, "test_exact")
+    for exact in ("test_exact", "test_own_generator_exact"):
+        assert f"PASSED test_causes.py::{exact}" in text, section_of(text, exact)
     problems = []
     for name, expected in CAUSES.items():
         section = section_of(text, f"test_{name}")

@@ -573,3 +573,95 @@ def test_an_object_that_matched_at_the_resume_point_is_never_blamed_on_its_resto
     assert "gradient-accumulation buffers" in d.cause and d.cause.count("Fix:") == 1
     for wrong in ("not saved", "not restored", "reset after loading", "was never"):
         assert wrong not in d.cause
+
+
+# Only the fixes the evidence supports, most likely first (issue 30, item 6)
+
+
+def advanced(draws, res_ids=None):
+    """The CPU RNG restored at train.py:30, then drawn from by `draws` before the first step;
+    the resumed steps consume `res_ids(step)` (the uninterrupted run [step])."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+
+    def base_values(s):
+        return {"loss": s / 2, "rng:cpu": f"c{s}", "ids": [s]}
+
+    def res_values(s):
+        return {"loss": s / 3, "rng:cpu": f"x{s}", "ids": res_ids(s) if res_ids else [s]}
+
+    res = point(rng={"cpu": "x"}, restores=2, draws=draws)
+    return diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
+
+
+def test_a_seed_drawn_after_the_restore_puts_the_loaders_own_generator_first():
+    res = point(rng={"cpu": "x"}, restores=2)
+    res["draws"] = [
+        {
+            "op": "random_",
+            "stream": "rng:cpu",
+            "at": "train.py:33",
+            "after_restores": 2,
+            "shape": [],
+        }
+    ]
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    d = diagnosis(
+        point(),
+        res,
+        [LOAD, set_state],
+        lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", "ids": [s]},
+        lambda s: {"loss": s / 3, "rng:cpu": f"x{s}", "ids": [s]},
+    )
+    assert d.bug_class == "restored then advanced"
+    fix = d.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("give the DataLoader started at train.py:33 a generator of its own")
+    assert d.cause.count("Fix:") == 1
+    assert "prefetched" not in d.cause  # the ids show no batch lost
+
+
+def test_the_prefetch_theory_only_when_a_batch_was_lost():
+    draws = [("randint", "rng:cpu", "train.py:33", 2)]
+    lost = advanced(draws, res_ids=lambda s: [s + 1])
+    assert lost.cause.split("Fix: ", 1)[1].startswith("save the batch prefetched before the save")
+    kept = advanced(draws)
+    assert "prefetch" not in kept.cause and kept.cause.count("Fix:") == 1
+
+
+def without_points(base_values, res_values):
+    base = {0: run("uninterrupted", range(1, 7), base_values)}
+    res = {0: run("resumed", range(4, 7), res_values)}
+    return diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_a_restarted_schedule_is_a_restarted_warmup_only_when_it_warms_up(warmup):
+    def lr(step):
+        return 0.1 * step if warmup else 0.1 / step
+
+    def values(step, at):
+        return {"loss": 1.0, "watch:sched.last_lr": [lr(at)], "watch:sched.last_epoch": at}
+
+    d = without_points(lambda s: values(s, s), lambda s: values(s, s - SPLIT))
+    assert d.bug_class == "LR scheduler missing"
+    assert ("warmup" in d.cause) is warmup
+    assert d.cause.count("Fix:") == 1 and "Fix: save scheduler.state_dict()" in d.cause
+
+
+def test_a_data_order_cause_names_the_replayed_epoch_from_the_ids():
+    """8 samples, 2 per step: steps 1-4 are epoch 0; the resumed epoch 1 consumes epoch 0's
+    order again."""
+    order = {1: [0, 5], 2: [3, 1], 3: [7, 2], 4: [6, 4], 5: [1, 7], 6: [0, 2]}
+
+    def base_values(s):
+        return {"loss": 1.0, "ids": order[s]}
+
+    def res_values(s):
+        return {"loss": 1.0, "ids": order[s - 4 if s > 4 else s]}
+
+    d = without_points(base_values, res_values)
+    assert d.bug_class == "data order"
+    assert "the resumed epoch 1 consumes the samples of epoch 0's steps 1-2, in order" in d.cause
+    # every audited stream matches: the sampler's epoch first, then a generator's state
+    assert "Fix: restore the sampler's epoch before iterating (set_epoch(saved_epoch))" in d.cause
+    assert "otherwise save the shuffling generator's state from before" in d.cause
+    assert d.cause.count("Fix:") == 1

@@ -1,0 +1,27 @@
+"""A replayed epoch, read from the data: the resumed epoch consumes, in order, the samples an
+earlier epoch consumed at the same place. It names what a re-seeded (or never saved) shuffle
+looks like to the user, whatever made the shuffle."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..compare.accounting import DataAccount, account, identity_keys
+from .evidence import Evidence
+
+
+def replay_of(ev: Evidence, key: str = "") -> Optional[DataAccount]:
+    """The data account of an identity key (`key`, or the first one recorded) whose resumed
+    steps consumed an earlier epoch's samples, if any."""
+    keys = [key] if key else identity_keys(ev.base_sigs)
+    for found in account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps):
+        if found.key in keys and found.replayed and found.epochs:
+            return found
+    return None
+
+
+def replayed_epoch(ev: Evidence, rank: int, key: str = "") -> str:
+    """`the resumed epoch 1 consumes the samples of epoch 0's steps 2-4, in order (at steps
+    6-8)`, or "" when the data shows no replayed epoch."""
+    found = replay_of(ev, key)
+    return found.replay_words() if found is not None else ""
