@@ -11,11 +11,19 @@ from .evidence import Evidence
 
 
 def replay_of(ev: Evidence, key: str = "") -> Optional[DataAccount]:
-    """The data account of an identity key (`key`, or the first one recorded) whose resumed
-    steps consumed an earlier epoch's samples, if any."""
+    """The data account of an identity key (`key`, or any recorded) whose resumed steps
+    consumed an earlier epoch's samples, in a run that begins at the first divergent step,
+    if any."""
     keys = [key] if key else identity_keys(ev.base_sigs)
+    differing = {k for found in ev.differing.values() for k in found}
     for found in account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps):
-        if found.key in keys and found.replayed and found.epochs:
+        if found.key not in keys or found.key not in differing or not found.replayed:
+            continue
+        steps = found.replayed[0]
+        # the replay is what differs first, step after step, not a batch that happens to
+        # repeat somewhere
+        run_of = list(range(ev.step, ev.step + len(steps)))
+        if found.epochs and steps == run_of and len(steps) >= min(2, ev.cmp.steps - ev.step + 1):
             return found
     return None
 

@@ -665,3 +665,21 @@ def test_a_data_order_cause_names_the_replayed_epoch_from_the_ids():
     assert "Fix: restore the sampler's epoch before iterating (set_epoch(saved_epoch))" in d.cause
     assert "otherwise save the shuffling generator's state from before" in d.cause
     assert d.cause.count("Fix:") == 1
+
+
+def test_a_batch_that_happens_to_repeat_is_no_replayed_epoch():
+    """A generator never restored (it adds noise to the batch, it does not shuffle): the ids
+    of the first resumed steps match; one later batch equals step 1's by chance."""
+    order = {1: [0, 5], 2: [3, 1], 3: [7, 2], 4: [6, 4], 5: [1, 7], 6: [0, 2]}
+    gen = "generator train.py:38 #0"
+
+    def base_values(s):
+        return {"loss": 1.0, "ids": order[s], f"rng:{gen}": f"g{s}"}
+
+    def res_values(s):
+        return {"loss": 2.0, "ids": order[1] if s == 6 else order[s], f"rng:{gen}": f"x{s}"}
+
+    d = diagnosis(
+        point(rng={gen: "g"}), point(rng={gen: "x"}, restores=1), [LOAD], base_values, res_values
+    )
+    assert d.bug_class == "never restored" and "consumes the samples" not in d.cause
