@@ -3,6 +3,8 @@
     python -m pytest_resume_equiv compare UNINTERRUPTED_RUN RESUMED_RUN [--split N] [--steps N]
         [--tolerance RULE ...] [--ignore PATTERN ...]
     python -m pytest_resume_equiv show RUN [--all] [--steps A-B]
+    python -m pytest_resume_equiv doctor [--device auto|cpu|cuda|npu|xpu] [--nproc N]
+        [--json PATH] [--timeout SECONDS]
 
 `compare` judges as the test did: a resumed run directory a test kept holds the judgement
 that shaped its verdict (split, steps, tolerance, ignore, strict-latent, and for a resume on
@@ -10,7 +12,8 @@ another topology the uninterrupted run on that topology); `--split`, `--steps`, 
 and `--ignore` override it.
 
 Exit status: 0 equal (compare) or shown (show), 1 diverged, 2 bad input (not a run directory,
-unreadable or unknown signature files, bad arguments).
+unreadable or unknown signature files, bad arguments). `doctor` (doctor/cli.py) checks this
+machine for resume tests: 0 they can run, 1 something blocks them, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
 from .compare.comparators import comparator_for
 from .compare.tolerance import ComparisonRules, ToleranceRule
+from .doctor import cli as doctor
 from .rank.layout import is_audit_key
 from .report.replay import Judgement, JudgementError, read_judgement
 from .signature import Signature, SignatureError, read_run, readable
@@ -71,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("run", help="a run directory (it holds signatures/rank-*.jsonl)")
     show.add_argument("--all", action="store_true", help="also the automatic rng:/watch: keys")
     show.add_argument("--steps", help="only these steps, e.g. 3-5")
+    doctor.add_parser(sub)
     return parser
 
 
@@ -162,7 +167,12 @@ def show(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+            parser.error(f"--json {args.json}: its directory does not exist")
+        return doctor.main(args)
     try:
         return compare(args) if args.command == "compare" else show(args)
     except SignatureError as exc:

@@ -17,10 +17,10 @@ from .checks import Plan, build_plan
 from .errors import ResumeEquivError, ResumeEquivWarning
 from .golden import GoldenTarget
 from .judge import LaunchFailed, Outcome, run_plan
-from .launch.agents import launcher_named, launcher_of
 from .launch.devices import Device
-from .launch.resources import Launcher, LeaseWait, parallelism, with_lease
+from .launch.resources import LeaseWait, LeasingStarter, parallelism, with_lease
 from .launch.running import LaunchResult, LaunchSpec, launch, terminate_as_interrupt
+from .launch.spec import Launcher
 from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.context import LaunchContext
@@ -197,10 +197,10 @@ class ResumeEquiv:
             self.device,
             self.nproc,
             self.world_size,
-            launcher_named(self.settings.launcher, self.settings.slurm_args),
+            self.settings.launcher,
         )
-        launcher = Launcher(self.device, self.settings.timeout, self.owner)
-        scheduler = Scheduler(launcher, parallel, prefetch, on_progress=self.progress)
+        starter = LeasingStarter(self.device, self.settings.timeout, self.owner)
+        scheduler = Scheduler(starter, parallel, prefetch, on_progress=self.progress)
         self.launching = True
         try:
             with terminate_as_interrupt():
@@ -213,7 +213,7 @@ class ResumeEquiv:
             self.runs.append(RunRecord.of(outcome, "interrupted", stopped=stopped))
             raise
         finally:
-            launcher.close()  # a launch that never started gives its place in the queue up
+            starter.close()  # a launch that never started gives its place in the queue up
         self.launching = False
         self.outcome = outcome
         self.report_section(format_plan_summary(outcome))
@@ -292,8 +292,7 @@ class Torchrun:
         timeout: float,
         root: RunRoot,
         strict_shutdown: bool = False,
-        launcher: str = "local",
-        slurm_args: tuple[str, ...] = (),
+        launcher: Optional[Launcher] = None,
         fork_server: bool = False,
         preload: tuple[str, ...] = (),
     ) -> None:
@@ -301,8 +300,7 @@ class Torchrun:
         self.timeout = timeout
         self.root = root
         self.strict_shutdown = strict_shutdown
-        self.launcher = launcher
-        self.slurm_args = slurm_args
+        self.launcher = launcher or Launcher()
         self.fork_server = fork_server
         self.preload = preload
         self._count = 0
@@ -331,7 +329,7 @@ class Torchrun:
             problem = f"torchrun(): {exc}"
         if problem:
             _fail(problem)
-        per_host = launcher_named(self.launcher, self.slurm_args).devices_per_host(nproc, nnodes)
+        per_host = self.launcher.devices_per_host(nproc, nnodes)
         why = f"nproc={nproc} x nnodes={nnodes} simulated on this host" if per_host > nproc else ""
         device = self._device_for(per_host, why)
         self._count += 1
@@ -349,7 +347,6 @@ class Torchrun:
             dict(env or {}),
             cwd,
             self.launcher,
-            self.slurm_args,
             self.fork_server,
             self.preload,
         )
@@ -368,7 +365,7 @@ class Torchrun:
     ) -> tuple[Optional[LaunchResult], str]:
         lease = None
         try:
-            if device.kind != "cpu" and launcher_of(spec).leases_devices:  # Slurm: its GRES
+            if device.kind != "cpu" and spec.launcher.leases_devices:  # Slurm: its GRES
                 lease = LeaseWait(device, per_host, spec.timeout, spec.name).wait(self._previous)
                 self._previous = list(lease.held)
             return launch(with_lease(spec, lease)), ""

@@ -198,7 +198,6 @@ class Planner:
             env={**dict(self.marker.env), **self.request.env},
             cwd=self.request.cwd,
             launcher=self.settings.launcher,
-            slurm_args=self.settings.slurm_args,
             fork_server=self.settings.fork_server == "on",
             preload=self.settings.preload,
         )

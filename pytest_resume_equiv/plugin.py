@@ -22,9 +22,9 @@ from typing import Any, Callable, Optional
 import pytest
 
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
-from .launch.agents import launcher_named
 from .launch.devices import ACCELERATORS, Device, DeviceUnavailable, HostProbe, select_device
 from .launch.forked import ForkServer
+from .launch.spec import launcher_named
 from .report.text import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
@@ -196,7 +196,7 @@ def _devices_needed(settings: TestSettings) -> tuple[int, str]:
     """The devices the test's largest launch uses on this host, and why so many (for the skip
     or failure message): a resumed launch on another topology may need more than the first."""
     marker = settings.marker
-    launcher = launcher_named(settings.launcher, settings.slurm_args)
+    launcher = settings.launcher
     first = launcher.devices_per_host(marker.nproc, marker.nnodes)
     resumed = launcher.devices_per_host(marker.resumed_nproc, marker.resumed_nnodes)
     if resumed > first:
@@ -300,8 +300,7 @@ def torchrun(
         settings["timeout"],
         root,
         strict_shutdown=not settings.error and settings["strict_shutdown"],
-        launcher=settings["launcher"],
-        slurm_args=settings["slurm_args"],
+        launcher=launcher_named(settings["launcher"], settings["slurm_args"]),
         fork_server=not settings.error and settings["fork_server"] == "on",
         preload=() if settings.error else settings["preload"],
     )

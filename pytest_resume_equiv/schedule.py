@@ -12,25 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional
 
-from .launch.running import LaunchResult, RunningLaunch
+from .launch.running import Handle, LaunchResult, RunningLaunch
 from .plan import PlannedLaunch
 from .signature import StepWatcher, count
-
-
-class Handle(Protocol):
-    """A started launch as the scheduler sees it (RunningLaunch, a shared launch, a fake)."""
-
-    @property
-    def gate_open(self) -> bool: ...
-
-    def open_gate(self) -> None: ...
-
-    def poll(self) -> Optional[LaunchResult]: ...
-
-    def kill(self) -> None: ...
-
 
 Starter = Callable[[PlannedLaunch, bool], Optional[Handle]]
 """Start a planned launch, gated (waiting for `open_gate()`) or not; None: not now (no free

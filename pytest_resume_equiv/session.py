@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
+from .compare.jsonable import from_json, to_json
 from .fixtures import ResumeEquiv
 from .golden import GoldenStore, GoldenTarget, current
 from .golden.meta import session_token
@@ -115,7 +116,10 @@ class ResumeEquivSession:
 
     def worker_done(self, output: dict[str, Any]) -> None:
         """pytest-xdist controller: a worker's records, and where it shared its launches."""
-        self.records += [TestRecord.from_json(data) for data in output.get(WORKER_RECORDS, [])]
+        self.records += [
+            from_json(TestRecord, data, "a pytest-xdist worker's record")
+            for data in output.get(WORKER_RECORDS, [])
+        ]
         self.shared_root = output.get(WORKER_SHARED) or self.shared_root
         self.collected |= set(output.get(WORKER_COLLECTED, []))
 
@@ -124,7 +128,7 @@ class ResumeEquivSession:
         xdist) removes the shared launches nobody keeps and writes the JSON report."""
         if is_xdist_worker(self.config):
             output = self.config.workeroutput  # type: ignore[attr-defined]
-            output[WORKER_RECORDS] = [r.to_json() for r in self.records]
+            output[WORKER_RECORDS] = [to_json(r) for r in self.records]
             output[WORKER_SHARED] = self.shared_root
             output[WORKER_COLLECTED] = sorted(self.collected)
             return

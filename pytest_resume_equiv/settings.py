@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from .compare.tolerance import PROFILES, Tolerance, parse_tolerance_option
 from .errors import SettingError
-from .launch.agents import LAUNCHERS
+from .launch.spec import LAUNCHERS, Launcher, launcher_named
 from .marker import NOISE, MarkerSpec, parse_marker, parse_timeout
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
@@ -352,8 +352,8 @@ class TestSettings:
     report: Optional[str]
     strict_shutdown: bool
     strict_latent: bool
-    launcher: str
-    slurm_args: tuple[str, ...]
+    launcher: Launcher
+    """`--resume-equiv-launcher`, with `--resume-equiv-slurm-args` for a Slurm launcher."""
     fork_server: str
     preload: tuple[str, ...]
     tolerance: Tolerance
@@ -386,8 +386,8 @@ def resolve_test(
         value = getattr(marker, name)
         if value is not None:
             options[name] = Resolved(value, f"marker @resume_equivalent({name}=...)")
+    values = {name: resolved.value for name, resolved in options.items()}
+    values["launcher"] = launcher_named(values["launcher"], values.pop("slurm_args"))
     return TestSettings(
-        marker,
-        **{name: resolved.value for name, resolved in options.items()},
-        sources={name: resolved.source for name, resolved in options.items()},
+        marker, **values, sources={name: resolved.source for name, resolved in options.items()}
     )

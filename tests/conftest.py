@@ -15,6 +15,19 @@ def pytest_configure(config):
         "markers",
         "long(seconds): runs torchrun launches for about this long on 2 cores; starts first",
     )
+    config.addinivalue_line(
+        "markers",
+        "session: starts a pytest session in a subprocess (uses the pytester fixture); "
+        "set on every such test at collection, so `-m 'not session'` leaves them out",
+    )
+
+
+def _mark_sessions(items) -> None:
+    """Mark every test that starts a pytest session: the pytester fixture is how our tests
+    start one, so the mark cannot drift from what a test does."""
+    for item in items:
+        if "pytester" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.session)
 
 
 SLURM_TESTS = "test_slurm.py::"
@@ -50,6 +63,7 @@ def pytest_collection_modifyitems(items):
     worker starts on long work at once and the run ends on short, stealable tests, instead
     of a long test starting last on one worker while the other waits.
     """
+    _mark_sessions(items)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
@@ -76,10 +90,20 @@ def in_rank(tmp_path, monkeypatch):
     a fresh rank state (`rank.context.reset`) made from the run context set in the
     environment; each call closes the previous one's signature and starts another."""
 
-    def enter(phase="uninterrupted", rank=0, world_size=1, split=3, steps=6, run_dir=None):
+    def enter(
+        phase="uninterrupted",
+        rank=0,
+        world_size=1,
+        split=3,
+        steps=6,
+        run_dir=None,
+        device_kind="cpu",
+    ):
         run_dir = str(run_dir or tmp_path / phase)
         current().close()
-        launch = LaunchContext(phase, run_dir, steps=steps, split=split, splits=(split,))
+        launch = LaunchContext(
+            phase, run_dir, device_kind=device_kind, steps=steps, split=split, splits=(split,)
+        )
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("LOCAL_RANK", str(rank))

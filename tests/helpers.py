@@ -320,3 +320,12 @@ def held_gates(report_path):
         if verdict["status"] == "failed"
         and any(f.get("kind") == "gate" and f.get("status") == "held" for f in verdict["facts"])
     )
+
+
+def hangs_after_destroy(ctx):
+    """The doctor's backend probe, then a rank that never leaves (a destructor stuck after
+    teardown): the doctor's teardown row must fail on it."""
+    from pytest_resume_equiv.doctor.ranks import all_reduce
+
+    all_reduce(ctx)
+    time.sleep(300)

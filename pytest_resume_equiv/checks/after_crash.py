@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..compare.comparators import Comparator, Run
+from ..compare.jsonable import NOT_IN_JSON
 from ..launch.running import LaunchResult
 from ..rank.layout import read_status
 from .base import Verdict
@@ -38,26 +39,12 @@ class Row:
     resumed_from: Optional[int] = None
     status: str = NOT_REACHED
     why: str = ""
-    verdict: Optional[Verdict] = field(default=None, compare=False)
+    verdict: Optional[Verdict] = field(default=None, compare=False, metadata=NOT_IN_JSON)
     """The resume's own judgement, when one was compared."""
 
     @property
     def failed(self) -> bool:
         return self.status == FAILED
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "point": self.point,
-            "where": self.where,
-            "disk": self.disk,
-            "resumed_from": self.resumed_from,
-            "status": self.status,
-            "why": self.why,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Row:
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k != "verdict"})
 
 
 def refused_deliberately(run_dir: str, world_size: int) -> str:

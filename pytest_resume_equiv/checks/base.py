@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Protocol
 
-from ..compare import facts
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, first_difference
 from ..compare.facts import Fact
+from ..compare.jsonable import NOT_IN_JSON, json_key
 from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis
 from ..launch.running import LaunchResult
@@ -28,7 +28,7 @@ cancelled: another verdict made it moot; not run: the test ended before it could
 
 @dataclass
 class Verdict:
-    """What one check concluded: one type for every check, JSON-round-trippable."""
+    """What one check concluded: one type for every check, JSON-round-trippable (`jsonable`)."""
 
     check: str
     """The kind of check (`Check.kind`)."""
@@ -40,12 +40,12 @@ class Verdict:
     why: str = ""
     """In a few words, why it ended so (a skipped, off or cancelled check's reason)."""
     comparison: Optional[Comparison] = None
-    diagnosis: Optional[Diagnosis] = None
+    diagnosis: Optional[Diagnosis] = field(default=None, metadata=json_key("likely_cause"))
     facts: list[Fact] = field(default_factory=list)
     primary: bool = False
     """A resume the test proves (one per split, or per link of a chain), as opposed to a
     check of the test itself (teeth, determinism control, direct resume)."""
-    link: int = 0
+    link: int = field(default=0, metadata=json_key("chain_link"))
     """chain=True: which resume of the chain (1, 2, ...); 0 outside a chain."""
     launch: str = ""
     """The judged launch's name."""
@@ -55,7 +55,9 @@ class Verdict:
     """A shell line that reruns the judged launch by hand."""
     values_match: bool = False
     """Only audited state differs: every value the user recorded matched at every step."""
-    signatures: Optional[tuple[Run, Run]] = field(default=None, compare=False, repr=False)
+    signatures: Optional[tuple[Run, Run]] = field(
+        default=None, compare=False, repr=False, metadata=NOT_IN_JSON
+    )
     """(reference, judged) as compared, in the test's process only (plots); not in JSON."""
 
     @property
@@ -74,49 +76,6 @@ class Verdict:
 
     def first_difference(self) -> str:
         return first_difference(self.comparison) if self.comparison is not None else ""
-
-    def to_json(self) -> dict[str, Any]:
-        diag = self.diagnosis
-        return {
-            "check": self.check,
-            "status": self.status,
-            "label": self.label,
-            "split": self.split,
-            "why": self.why,
-            "comparison": self.comparison.to_json() if self.comparison is not None else None,
-            "likely_cause": None
-            if diag is None
-            else {"class": diag.bug_class, "cause": diag.cause, "notes": list(diag.notes)},
-            "facts": [facts.to_json(item) for item in self.facts],
-            "primary": self.primary,
-            "chain_link": self.link,
-            "launch": self.launch,
-            "runs": dict(self.runs),
-            "rerun": self.rerun,
-            "values_match": self.values_match,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Verdict:
-        cmp, cause = data.get("comparison"), data.get("likely_cause")
-        return cls(
-            check=str(data["check"]),
-            status=str(data["status"]),
-            label=str(data["label"]),
-            split=data.get("split"),
-            why=str(data.get("why", "")),
-            comparison=Comparison.from_json(cmp) if cmp else None,
-            diagnosis=Diagnosis(cause["cause"], cause["class"], list(cause["notes"]))
-            if cause
-            else None,
-            facts=[facts.from_json(item) for item in data.get("facts", [])],
-            primary=bool(data.get("primary", False)),
-            link=int(data.get("chain_link", 0)),
-            launch=str(data.get("launch", "")),
-            runs=dict(data.get("runs", {})),
-            rerun=str(data.get("rerun", "")),
-            values_match=bool(data.get("values_match", False)),
-        )
 
 
 class Judging(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from ..compare import facts
 from ..diagnose import Diagnosis
@@ -62,13 +62,6 @@ class CrashTable:
 
     def summary(self, label: str) -> list[str]:
         return self.lines(label)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"split": self.split, "rows": [row.to_json() for row in self.rows]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CrashTable:
-        return cls(int(data["split"]), [Row.from_json(r) for r in data["rows"]])
 
 
 def _table(verdict: Verdict) -> Optional[CrashTable]:

@@ -13,7 +13,6 @@ run directory keeps (`judgement.py`), so the offline `compare` judges as the tes
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Union
 
@@ -21,7 +20,7 @@ from ..signature import Signature
 from . import facts
 from .accounting import DataAccount, account
 from .diff import Allowance, Comparison, compare_runs
-from .envelope import account_from_json, compare_topology
+from .envelope import compare_topology
 from .noise import ROUNDING, NoiseFacts
 from .tolerance import PROFILES, ComparisonRules, Tolerance
 
@@ -42,15 +41,9 @@ class DataFacts:
     def summary(self, label: str) -> list[str]:
         return []
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "accounts": [dataclasses.asdict(item) for item in self.accounts],
-            "text": [item.text() for item in self.accounts],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DataFacts:
-        return cls([account_from_json(item) for item in data.get("accounts", [])])
+    def json_extra(self) -> dict[str, Any]:
+        """Each account in words, for the JSON report's readers."""
+        return {"text": [item.text() for item in self.accounts]}
 
 
 class Comparator(Protocol):

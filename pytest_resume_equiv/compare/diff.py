@@ -16,7 +16,6 @@ from typing import Any, Callable, Optional, Union
 from ..rank.encode import decode_float
 from ..rank.layout import FLOAT_TAG, RNG, TENSOR_TAG, is_audit_key, section_of
 from ..signature import Signature, readable
-from . import facts
 from .accounting import is_identity_key
 from .facts import Fact
 from .noise import size_words
@@ -74,35 +73,6 @@ class Comparison:
     @property
     def equal(self) -> bool:
         return not self.problems and self.divergence is None
-
-    def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["problems"] = [dataclasses.asdict(p) for p in self.problems]
-        data["divergence"] = dataclasses.asdict(self.divergence) if self.divergence else None
-        data["facts"] = [facts.to_json(item) for item in self.facts]
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Comparison:
-        """A comparison as `to_json` wrote it (a pytest-xdist worker's, the JSON report's)."""
-        div = data.get("divergence")
-        return cls(
-            split=int(data["split"]),
-            steps=int(data["steps"]),
-            world_size=int(data["world_size"]),
-            problems=[
-                StepProblem(p["kind"], int(p["rank"]), tuple(p["steps"]), p["message"])
-                for p in data.get("problems", [])
-            ],
-            divergence=Divergence(**div) if div else None,
-            divergent_keys={int(k): list(v) for k, v in data.get("divergent_keys", {}).items()},
-            compared_steps=int(data.get("compared_steps", 0)),
-            context=[tuple(item) for item in data.get("context", [])],  # type: ignore[misc]
-            latent=list(data.get("latent", [])),
-            ignored=list(data.get("ignored", [])),
-            facts=[facts.from_json(item) for item in data.get("facts", [])],
-            how=str(data.get("how", "")),
-        )
 
 
 def causal_order(key: str) -> tuple[bool, bool, str]:

@@ -21,7 +21,6 @@ the run to is the comparison's fact (`TopologyFacts`), which renders itself.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,18 +71,6 @@ class Envelope:
             f"{self.key} differs by at most {self.deviation:.3g} (step {self.step}); the "
             f"topology's own noise is {self.noise:.3g}, allowed {self.allowed:.3g}"
         )
-
-
-def account_from_json(data: dict[str, Any]) -> DataAccount:
-    """A data account as `dataclasses.asdict` wrote it (JSON has lists where it had tuples)."""
-    replayed, epochs = data.get("replayed"), data.get("epochs")
-    return DataAccount(
-        **{
-            **data,
-            "replayed": (list(replayed[0]), list(replayed[1])) if replayed else None,
-            "epochs": (int(epochs[0]), int(epochs[1])) if epochs else None,
-        }
-    )
 
 
 @facts.fact("topology")
@@ -149,30 +136,9 @@ class TopologyFacts:
     def summary(self, label: str = "") -> list[str]:
         return self.lines(label)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "nproc": list(self.nproc),
-            "data": [dataclasses.asdict(item) for item in self.data],
-            "envelopes": [dataclasses.asdict(e) for e in self.envelopes],
-            "exact": self.exact,
-            "per_rank": self.per_rank,
-            "shared": self.shared,
-            "blind": self.blind,
-            "text": self.lines(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TopologyFacts:
-        a, b = data["nproc"]
-        return cls(
-            (int(a), int(b)),
-            [account_from_json(item) for item in data.get("data", [])],
-            [Envelope(**e) for e in data.get("envelopes", [])],
-            list(data.get("exact", [])),
-            list(data.get("per_rank", [])),
-            list(data.get("shared", [])),
-            list(data.get("blind", [])),
-        )
+    def json_extra(self) -> dict[str, Any]:
+        """The verdict in words, for the JSON report's readers."""
+        return {"text": self.lines()}
 
     def judged_nothing(self) -> str:
         """Why this comparison is blind, when it could judge nothing (no data accounted, no

@@ -3,13 +3,13 @@ envelopes, how a chain broke), each rendering its own lines.
 
 A verdict keeps its facts as data, not as pre-flattened text: the failure report, the plan
 summary, the JSON report and JUnit render them, and a pytest-xdist worker's verdicts travel
-to the controller as JSON and come back as the same facts. Each kind registers how it is read
-back; this module knows none of them.
+to the controller as JSON and come back as the same facts (`jsonable`). Each kind registers
+its name, by which its JSON is read back; this module knows none of them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
 
 class Fact(Protocol):
@@ -25,30 +25,28 @@ class Fact(Protocol):
         says it)."""
         ...
 
-    def to_json(self) -> dict[str, Any]: ...
 
-
-_READERS: dict[str, Callable[[dict[str, Any]], Any]] = {}
+_KINDS: dict[str, type] = {}
 F = TypeVar("F")
 
 
 def fact(kind: str) -> Callable[[type[F]], type[F]]:
-    """Class decorator: a fact kind, read back by its `from_json` classmethod."""
+    """Class decorator: a fact kind (a dataclass), written and read back under `kind`."""
 
     def register(cls: type[F]) -> type[F]:
         cls.kind = kind  # type: ignore[attr-defined]
-        _READERS[kind] = cls.from_json  # type: ignore[attr-defined]
+        _KINDS[kind] = cls
         return cls
 
     return register
 
 
-def to_json(item: Fact) -> dict[str, Any]:
-    return {"kind": item.kind, **item.to_json()}
+def kind_of(cls: type) -> Optional[str]:
+    """The kind `cls` is registered as, or None when it is no fact."""
+    kind = getattr(cls, "kind", None)
+    return kind if isinstance(kind, str) and _KINDS.get(kind) is cls else None
 
 
-def from_json(data: dict[str, Any]) -> Fact:
-    reader = _READERS.get(str(data.get("kind")))
-    if reader is None:
-        raise ValueError(f"unknown kind of fact {data.get('kind')!r}")
-    return reader({k: v for k, v in data.items() if k != "kind"})
+def fact_class(kind: Any) -> Optional[type]:
+    """The class registered as `kind`, or None."""
+    return _KINDS.get(kind) if isinstance(kind, str) else None

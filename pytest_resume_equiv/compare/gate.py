@@ -79,27 +79,6 @@ class GateFacts:
             return f"resume point differs from {self.reference}'s"
         return f"resume point not gated: {self.why}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "reference": self.reference,
-            "why": self.why,
-            "differing": self.differing,
-            "compared": self.compared,
-            "at": self.at,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GateFacts:
-        return cls(
-            str(data["status"]),
-            str(data.get("reference", "")),
-            str(data.get("why", "")),
-            {str(k): list(v) for k, v in data.get("differing", {}).items()},
-            int(data.get("compared", 0)),
-            str(data.get("at", "")),
-        )
-
 
 def _items(point: dict[str, Any], floats: bool) -> dict[str, Any]:
     """The snapshot's gated items as audit keys (`rng:cpu`, `watch:model.params`)."""

@@ -169,27 +169,6 @@ class NoiseFacts:
     def summary(self, label: str) -> list[str]:
         return []
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "runs": self.runs,
-            "first_step": self.first_step,
-            "spread": self.spread,
-            "relative": self.relative,
-            "unjudgeable": self.unjudgeable,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NoiseFacts:
-        return cls(
-            str(data["source"]),
-            list(data.get("runs", [])),
-            int(data.get("first_step", 1)),
-            dict(data.get("spread", {})),
-            dict(data.get("relative", {})),
-            list(data.get("unjudgeable", [])),
-        )
-
 
 def scaled_to(noise: NoiseFacts, reference: Run, run: Run) -> NoiseFacts:
     """Noise between two resumed processes, scaled to how far `run` starts from `reference`.

@@ -118,20 +118,6 @@ class Tolerance:
         where = first if first == later else f"first resumed step {first}, later {later}"
         return f"{self.name} ({where})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "first": [list(r) for r in self.first],
-            "later": [list(r) for r in self.later],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Tolerance:
-        def rules(items: list) -> ToleranceRules:
-            return tuple((str(p), float(rtol), float(atol)) for p, rtol, atol in items)
-
-        return cls(str(data["name"]), rules(data.get("first", [])), rules(data.get("later", [])))
-
 
 def _words(rules: ToleranceRules) -> str:
     parts = []
@@ -213,25 +199,6 @@ class ComparisonRules:
     """`ignore=` patterns of audited keys or fields (beside what a trainer's own
     `track(..., ignore=True)` writes into its signature)."""
     strict_latent: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "tolerance": self.tolerance.to_json(),
-            "ignore": list(self.ignore),
-            "strict_latent": self.strict_latent,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ComparisonRules:
-        return cls(
-            steps=int(data["steps"]),
-            tolerance=Tolerance.from_json(data["tolerance"])
-            if data.get("tolerance")
-            else PROFILES["exact"],
-            ignore=tuple(str(p) for p in data.get("ignore", [])),
-            strict_latent=bool(data.get("strict_latent", False)),
-        )
 
     def overridden(
         self,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..compare.diff import Comparison, value_difference
+from ..compare.jsonable import json_key
 from ..rank.encode import decode_float
 from ..rank.layout import watch_key, watched, watched_part
 from ..signature import Signature
@@ -25,7 +26,7 @@ ROUNDING = 1e-2
 @dataclass
 class Diagnosis:
     cause: str
-    bug_class: str
+    bug_class: str = field(metadata=json_key("class"))
     """Short name of the kind of bug, as the bug catalogue names it."""
     notes: list[str] = field(default_factory=list)
 

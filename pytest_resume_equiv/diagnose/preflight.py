@@ -273,13 +273,6 @@ class PreflightFacts:
     def summary(self, label: str) -> list[str]:
         return []
 
-    def to_json(self) -> dict[str, Any]:
-        return {"findings": self.findings, "precision": self.precision}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PreflightFacts:
-        return cls(list(data.get("findings", [])), list(data.get("precision", [])))
-
 
 def preflight_of(runs: Mapping[str, dict[int, Signature]]) -> PreflightFacts:
     """The findings of these launches (name -> signatures), read from rank 0 of each."""

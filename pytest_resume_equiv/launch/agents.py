@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from ..errors import ResumeEquivError
 from ..rank.layout import (
@@ -39,9 +39,7 @@ from ..rank.layout import (
     stacks_request_path,
 )
 from .devices import node_slice
-
-if TYPE_CHECKING:
-    from .spec import LaunchSpec
+from .spec import LaunchSpec, SlurmLauncher
 
 BOOTSTRAP = "pytest_resume_equiv.rank.bootstrap"
 SLURM_AGENT = "pytest_resume_equiv.rank.slurm_agent"
@@ -297,66 +295,11 @@ def _quiet(argv: list[str]) -> Optional[str]:
     return done.stdout if done.returncode == 0 else None
 
 
-class LauncherKind:
-    """What a launcher (`--resume-equiv-launcher`) means for the rest of the plugin, so that
-    no other module decides from its name: whether the plugin leases accelerators for a
-    launch, how many accelerator launches may run at once, what the report header says, and
-    which agents start a given launch."""
-
-    name = "local"
-    leases_devices = True
-    """The plugin leases a launch's accelerators itself (else the scheduler does, by GRES)."""
-    one_accelerator_launch = False
-    """Accelerator launches run one at a time (every job step sees the whole allocation)."""
-    can_fork = True
-    """A one-node launch may be forked from the session's fork server (forked.py)."""
-
-    def __init__(self, args: tuple[str, ...] = ()) -> None:
-        self.args = args
-
-    def header(self, described: str) -> str:
-        """What the report header adds about this launcher ("" for the default)."""
-        return ""
-
-    def devices_per_host(self, nproc: int, nnodes: int) -> int:
-        """The devices a launch of `nnodes` nodes of `nproc` ranks uses on this host: all
-        of them, since this launcher simulates every node here."""
-        return nproc * nnodes
-
-    def agents(self, spec: LaunchSpec) -> Agents:
-        if spec.nnodes > 1:
-            return LocalNodes()
-        return OneRank() if spec.nproc == 1 else Standalone()
-
-
-class SlurmLauncher(LauncherKind):
-    name = "slurm"
-    leases_devices = False
-    one_accelerator_launch = True
-    can_fork = False
-
-    def header(self, described: str) -> str:
-        job = os.environ.get("SLURM_JOB_ID")
-        where = f"steps of job {job}" if job else "an allocation per launch"
-        return f", launcher={described}: {where}"
-
-    def devices_per_host(self, nproc: int, nnodes: int) -> int:
-        """Each node of the allocation is a host of its own."""
-        return nproc
-
-    def agents(self, spec: LaunchSpec) -> Agents:
-        return SlurmSteps(self.args)
-
-
-LAUNCHER_TYPES: dict[str, type[LauncherKind]] = {"local": LauncherKind, "slurm": SlurmLauncher}
-LAUNCHERS = tuple(LAUNCHER_TYPES)
-
-
-def launcher_named(name: str, args: tuple[str, ...] = ()) -> LauncherKind:
-    """The launcher a (validated) `--resume-equiv-launcher` value names."""
-    return LAUNCHER_TYPES[name](args)
-
-
-def launcher_of(spec: LaunchSpec) -> LauncherKind:
-    """The launcher that starts `spec`."""
-    return launcher_named(spec.launcher, spec.slurm_args)
+def launcher_agents(spec: LaunchSpec) -> Agents:
+    """The agents `spec`'s launcher starts it with: Slurm job steps, one agent per simulated
+    node on this host, the rank alone, or `torchrun --standalone`."""
+    if isinstance(spec.launcher, SlurmLauncher):
+        return SlurmSteps(spec.launcher.args)
+    if spec.nnodes > 1:
+        return LocalNodes()
+    return OneRank() if spec.nproc == 1 else Standalone()

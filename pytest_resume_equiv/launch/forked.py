@@ -27,7 +27,14 @@ from typing import Any, ClassVar, Optional
 
 from ..errors import ResumeEquivError
 from ..rank.layout import store_port_path
-from .agents import Agents, OneRank, Standalone, _parent_death_signal, launcher_of, rank_env
+from .agents import (
+    Agents,
+    OneRank,
+    Standalone,
+    _parent_death_signal,
+    launcher_agents,
+    rank_env,
+)
 from .spec import LaunchSpec, default_env
 
 FORK_SERVER = "pytest_resume_equiv.rank.forkserver"
@@ -250,9 +257,8 @@ def server_env() -> dict[str, str]:
 def agents_for(spec: LaunchSpec, env: dict[str, str]) -> Agents:
     """The agents that start `spec`, whose processes get `env`: forked from the session's
     server where the launch allows it, else the launcher's own, with a note saying why."""
-    launcher = launcher_of(spec)
-    plain = launcher.agents(spec)
-    if not (spec.fork_server and launcher.can_fork and spec.nnodes == 1):
+    plain = launcher_agents(spec)
+    if not (spec.fork_server and spec.launcher.can_fork and spec.nnodes == 1):
         return plain
     refusal = fork_refusal(server_env(), env) or ForkServer.refused.get(spec.preload, "")
     if not refusal:

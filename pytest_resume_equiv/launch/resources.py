@@ -13,20 +13,18 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Protocol
 
 from ..errors import ResumeEquivError
-from ..plan import PlannedLaunch
-from ..schedule import Handle
-from .agents import LauncherKind, launcher_of
 from .devices import Device, DeviceLease, default_lock_dir, lock_names, visible_ids
 from .leases import Ticket
-from .running import LaunchResult, LaunchSpec, RunningLaunch
+from .running import Handle, LaunchResult, LaunchSpec, RunningLaunch
 from .share import SharedLaunch
+from .spec import Launcher
 
 
 def parallelism(
-    device: Device, nproc: int, world_size: int, launcher: Optional[LauncherKind] = None
+    device: Device, nproc: int, world_size: int, launcher: Optional[Launcher] = None
 ) -> tuple[int, int]:
     """(launches that run the user's code at once, launches started ahead at their gate).
 
@@ -39,7 +37,7 @@ def parallelism(
     """
     if device.kind == "cpu":
         return max(1, (os.cpu_count() or 1) // world_size), 1
-    launcher = launcher or LauncherKind()
+    launcher = launcher or Launcher()
     if launcher.one_accelerator_launch:
         return 1, 0
     return max(1, device.count // launcher.devices_per_host(nproc, world_size // nproc)), 0
@@ -154,9 +152,16 @@ class LeasedLaunch:
             self._lease.release()
 
 
-class Launcher:
-    """The scheduler's starter for one test: leases devices per launch, and runs a shared
-    uninterrupted launch once for every test that plans it."""
+class Startable(Protocol):
+    """What starting a launch needs to know of a planned one (`plan.PlannedLaunch`)."""
+
+    spec: LaunchSpec
+    shared: bool
+
+
+class LeasingStarter:
+    """The scheduler's starter for one test (`schedule.Starter`): leases devices per launch,
+    and runs a shared uninterrupted launch once for every test that plans it."""
 
     def __init__(
         self, device: Device, timeout: float, owner: str, lock_dir: Optional[str] = None
@@ -177,18 +182,18 @@ class Launcher:
         for wait in self._waits.values():
             wait.leave()
 
-    def __call__(self, planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
+    def __call__(self, planned: Startable, gated: bool) -> Optional[Handle]:
         if planned.shared:
             return SharedLaunch(
                 planned.spec.run_dir, lambda: self._start(planned, False), self.owner
             )
         return self._start(planned, gated)
 
-    def _start(self, planned: PlannedLaunch, gated: bool) -> Optional[Handle]:
+    def _start(self, planned: Startable, gated: bool) -> Optional[Handle]:
         spec = planned.spec
-        if self.device.kind == "cpu" or not launcher_of(spec).leases_devices:  # Slurm: GRES
+        if self.device.kind == "cpu" or not spec.launcher.leases_devices:  # Slurm: GRES
             return RunningLaunch(spec, gated=gated)
-        n = launcher_of(spec).devices_per_host(spec.nproc, spec.nnodes)
+        n = spec.launcher.devices_per_host(spec.nproc, spec.nnodes)
         wait = self._waits.setdefault(
             spec.name, LeaseWait(self.device, n, self.timeout, spec.name, self.lock_dir)
         )

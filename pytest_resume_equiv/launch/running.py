@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 from ..rank.layout import (
     CONTEXT_ENV,
@@ -164,6 +164,19 @@ def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+class Handle(Protocol):
+    """A started launch as the scheduler sees it (RunningLaunch, a leased or shared launch, a fake)."""
+
+    @property
+    def gate_open(self) -> bool: ...
+
+    def open_gate(self) -> None: ...
+
+    def poll(self) -> Optional[LaunchResult]: ...
+
+    def kill(self) -> None: ...
 
 
 class RunningLaunch:

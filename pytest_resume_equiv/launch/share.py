@@ -19,6 +19,7 @@ from ..rank.context import LaunchContext
 from ..rank.layout import KEEP_FILE, RESULT_FILE
 from .rank_exits import RankOutcome
 from .running import LaunchResult, LaunchSpec, Target
+from .spec import launcher_named
 
 SHARED_DIR = "resume-equiv-shared"
 
@@ -38,7 +39,8 @@ def result_from_json(data: dict) -> LaunchResult:
         tuple(target.get("pythonpath", ())),
     )
     spec["context"] = LaunchContext.from_json(json.dumps(spec.pop("context")))
-    spec["slurm_args"] = tuple(spec.get("slurm_args", ()))
+    launcher = spec.pop("launcher", None) or {"name": "local"}
+    spec["launcher"] = launcher_named(str(launcher["name"]), tuple(launcher.get("args", ())))
     spec["preload"] = tuple(spec.get("preload", ()))
     return LaunchResult(
         spec=LaunchSpec(**spec),

@@ -40,4 +40,6 @@ def checkpointed_objects(accelerator: Any) -> dict[str, Any]:
         **_named("scheduler", schedulers),
         **_named("loader", loaders),
         **_named("checkpointed", list(accelerator._custom_objects)),
+        # save_state writes the GradScaler (scaler.pt) of mixed-precision fp16 training
+        **_named("scaler", [s for s in [getattr(accelerator, "scaler", None)] if s is not None]),
     }

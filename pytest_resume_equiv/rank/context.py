@@ -41,7 +41,7 @@ from .preflight import capture as preflight_capture
 from .record import SignatureWriter, header
 from .restore import RestoreLog
 from .resume_point import ResumePoint, fingerprint_files
-from .rng import Generators, mutate, seed_host_streams, streams
+from .rng import Generators, mutate, seed_devices, seed_host_streams, streams
 from .template import fill
 from .trace import DrawTrace, user_frame
 from .watch import Watched
@@ -120,13 +120,34 @@ class RunContext(LaunchContext):
         return self.phase in ("resumed", "teeth")
 
     @property
+    def device_index(self) -> int:
+        """This rank's ordinal among the devices it sees: `local_rank`, modulo the visible
+        count where fewer are visible (Slurm with one GPU per task shows each rank only its
+        own, as ordinal 0). `device_count()` needs no initialised driver."""
+        module = getattr(__import__("torch"), self.device_kind, None)
+        try:
+            count = int(module.device_count()) if module is not None else 0
+        except Exception:  # noqa: BLE001 - a broken driver: keep the launch's numbering
+            count = 0
+        return self.local_rank % count if count > 0 else self.local_rank
+
+    @property
     def device(self) -> Any:
         """`torch.device` this rank should use (its local accelerator, or the CPU)."""
         import torch
 
         if self.device_kind == "cpu":
             return torch.device("cpu")
-        return torch.device(self.device_kind, self.local_rank)
+        return torch.device(self.device_kind, self.device_index)
+
+    @property
+    def process_group_backend(self) -> str:
+        """The launch's backend for `init_process_group`: with an accelerator, gloo for CPU
+        tensors beside it (`cpu:gloo,cuda:nccl`): DCP's `async_save` asserts a CPU backend,
+        and CPU collectives need one."""
+        if self.device_kind == "cpu" or self.backend == "gloo":
+            return self.backend
+        return f"cpu:gloo,{self.device_kind}:{self.backend}"
 
     def checkpoint_for(self, step: int) -> str:
         """Where the uninterrupted launch saves the checkpoint that resumes after `step`."""
@@ -146,12 +167,16 @@ class RunContext(LaunchContext):
         current().record(step, values)
 
     def init_process_group(self, **kwargs: Any) -> None:
-        """`torch.distributed.init_process_group` with this launch's backend."""
+        """`torch.distributed.init_process_group` with this launch's backend
+        (`process_group_backend`) and, on an accelerator, this rank's device set current and
+        passed as `device_id`. Every argument the caller gives wins (`backend=` too)."""
         import torch.distributed as dist
 
         if self.device_kind != "cpu":
-            getattr(__import__("torch"), self.device_kind).set_device(self.local_rank)
-        dist.init_process_group(backend=self.backend, **kwargs)
+            getattr(__import__("torch"), self.device_kind).set_device(self.device_index)
+            kwargs.setdefault("device_id", self.device)
+        kwargs.setdefault("backend", self.process_group_backend)
+        dist.init_process_group(**kwargs)
 
 
 def read_context(environ: Mapping[str, str]) -> Optional[RunContext]:
@@ -339,15 +364,17 @@ class RankState:
             self.generators.install(self._generator_restored)
         except ImportError:  # no torch: a plain Python trainer
             pass
-        if seed is not None:
-            seed_host_streams(seed)
         if ctx.device_kind == "npu":
             try:
-                import torch_npu  # noqa: F401  (registers torch.npu, whose setters are wrapped)
+                import torch_npu  # noqa: F401  (registers torch.npu: seeded, its setters wrapped)
             except ImportError:
                 pass
+        if seed is not None:  # after torch_npu: torch.npu's streams are seeded too
+            seed_host_streams(seed)
         if "torch" in sys.modules:
             self.restores.install_torch()
+            if "torch_npu" not in sys.modules:  # imported by the trainer (no autoload)
+                self.restores.after_import("torch_npu", lambda _: self._npu_arrived(seed))
         self.restores.install_host()
         self.files.watch(ctx.run_dir, os.path.dirname(ctx.checkpoint) if ctx.checkpoint else None)
         if ctx.crash is not None:
@@ -360,6 +387,15 @@ class RankState:
         if ctx.resuming:
             self.restores.listeners.append(self.point.on_restore)
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
+
+    def _npu_arrived(self, seed: Optional[int]) -> None:
+        """torch_npu imported by the trainer after `install` (torch's device autoload off):
+        its streams start from the rank's seed as the others did (it cannot have seeded
+        them before they existed), and its RNG setters are logged from now on."""
+        if seed is not None:
+            with self.restores.unlogged():
+                seed_devices(seed, ("npu",))
+        self.restores.install_devices(("npu",))
 
     def uninstall(self) -> None:
         """Undo `install` (a rank never needs it; an in-process test does)."""

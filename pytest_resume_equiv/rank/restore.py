@@ -28,7 +28,14 @@ Entry = dict[str, Any]
 """One restore: `call`, `what` (the audit's name of what it restored), `at` (the user's
 frame), `after_step` (the last step recorded before it)."""
 
-SEED_CALLS = ("manual_seed", "manual_seed_all", "random.seed", "numpy.random.seed")
+SEED_CALLS = (
+    "manual_seed",
+    "manual_seed_all",
+    ".seed",
+    ".seed_all",
+    "random.seed",
+    "numpy.random.seed",
+)
 """Calls that start a stream from a seed: initialization before the checkpoint is read, a
 re-seeding (a bug) after it."""
 LOAD_CALLS = (
@@ -67,6 +74,10 @@ class RestoreLog:
         """What `_wrap` replaced, for `uninstall`, and how deep in a logged call we are."""
         self._families: list[type] = []
         self._after_import = _AfterImport()
+        self._watching = True
+        """Whether a device initialised from now on gets its default generators watched."""
+        self._watched_modules: list[Any] = []
+        """Device modules whose `default_generators` are a `_DefaultGenerators`."""
 
     @property
     def nested(self) -> bool:
@@ -134,8 +145,10 @@ class RestoreLog:
         cpu = stream_key("cpu")
         for owner in (torch, torch.random):
             name = owner.__name__
-            for fn in ("set_rng_state", "manual_seed"):
-                self._wrap(owner, fn, f"{name}.{fn}", lambda *a, **k: cpu, users_only=True)
+            fn = "set_rng_state"
+            self._wrap(owner, fn, f"{name}.{fn}", lambda *a, **k: cpu, users_only=True)
+            for fn in ("manual_seed", "seed"):  # the CPU stream and every device's
+                self._wrap(owner, fn, f"{name}.{fn}", _every_stream, users_only=True)
         self.install_devices()
         scheduler = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
         bases = [
@@ -198,13 +211,13 @@ class RestoreLog:
         base.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
         self._families.append(base)
 
-    def install_devices(self) -> None:
+    def install_devices(self, kinds: tuple[str, ...] = DEVICE_KINDS) -> None:
         """Wrap the accelerator modules' RNG setters (torch.npu exists only once torch_npu is
-        imported: the bootstrap imports it first)."""
+        imported: the bootstrap imports it first, or wraps it when the trainer does)."""
         torch = sys.modules.get("torch")
         if torch is None:
             return
-        for kind in DEVICE_KINDS:
+        for kind in kinds:
             module = getattr(torch, kind, None)
             if module is None:
                 continue
@@ -218,12 +231,38 @@ class RestoreLog:
 
             # torch.cuda.set_rng_state is torch.cuda.random.set_rng_state: wrap both names
             owners = [module, getattr(module, "random", None)]
-            for owner in [o for o in owners if o is not None]:
-                for fn, name in [("set_rng_state", one), ("manual_seed", one)] + [
+            for owner in {id(o): o for o in owners if o is not None}.values():
+                for fn, name in [("set_rng_state", one), ("manual_seed", one), ("seed", one)] + [
                     ("set_rng_state_all", each),
                     ("manual_seed_all", each),
+                    ("seed_all", each),
                 ]:
                     self._wrap(owner, fn, f"torch.{kind}.{fn}", name, users_only=True)
+            self._watch_default_generators(kind, module)
+
+    def _watch_default_generators(self, kind: str, module: Any) -> None:
+        """See `torch.<kind>.default_generators[i].set_state(...)` / `.manual_seed(...)`
+        (Megatron's and DeepSpeed's way to restore a device stream). The tuple is made when
+        the device is initialised (`torch._C._cuda_init`), so it is replaced by a watching
+        one then (`_lazy_call`, as torch queues its own seeding)."""
+        lazy_call = getattr(module, "_lazy_call", None)
+        if not callable(lazy_call):
+            return
+        log = self
+
+        def watch() -> None:
+            try:
+                found = getattr(module, "default_generators", None)
+                if log._watching and type(found) is tuple:
+                    module.default_generators = _DefaultGenerators(found, kind, log)
+                    log._watched_modules.append(module)
+            except Exception:  # noqa: BLE001 - runs inside torch's device initialisation
+                pass
+
+        try:
+            lazy_call(watch)
+        except Exception:  # noqa: BLE001 - a device stack without the hook: not watched
+            pass
 
     def install_host(self) -> None:
         """Wrap numpy's and Python's global RNG setters (numpy only if it is imported)."""
@@ -243,6 +282,10 @@ class RestoreLog:
     def uninstall(self) -> None:
         """Put every wrapped function back (a rank never needs it; a test process does)."""
         self._calls.unwrap()
+        self._watching = False
+        for module in self._watched_modules:
+            module.default_generators = tuple(module.default_generators)
+        self._watched_modules.clear()
         for base in self._families:
             delattr(base, "__init_subclass__")
         self._families.clear()
@@ -287,8 +330,76 @@ def _device_index(kind: str, args: tuple, kwargs: dict) -> str:
     else:
         index = getattr(device, "index", device)
     if index is None or index == -1:
-        return str(getattr(sys.modules["torch"], kind).current_device())
+        module = getattr(sys.modules["torch"], kind)
+        initialized = getattr(module, "is_initialized", None)
+        if callable(initialized) and initialized():
+            return str(module.current_device())
+        # Not initialised: torch queues the call (`_lazy_call`) and runs it at initialisation
+        # on the device current then, which is 0 (`set_device` initialises first). Asking
+        # `current_device()` would initialise the device: a context on a GPU in a
+        # device=cpu run, a context on NPU 0 in every rank.
+        return "0"
     return str(index)
+
+
+def _every_stream(*args: Any, **kwargs: Any) -> list[str]:
+    """What `torch.manual_seed` / `torch.seed` reseed: the CPU stream and every device of
+    each kind with devices (torch/random.py seeds cuda, mps, xpu and the privateuse1 device,
+    torch_npu's, whether initialised or not). `device_count()` initialises nothing."""
+    torch = sys.modules["torch"]
+    found = [stream_key("cpu")]
+    for kind in DEVICE_KINDS:
+        module = getattr(torch, kind, None)
+        try:
+            count = int(module.device_count()) if module is not None else 0
+        except Exception:  # noqa: BLE001 - a broken driver has no streams to name
+            count = 0
+        if count > 0:
+            found.append(stream_key(device_stream(kind, ALL_DEVICES)))
+    return found
+
+
+SETTERS = ("set_state", "manual_seed", "seed", "graphsafe_set_state")
+"""The methods of a device's default generator that restore or reseed its stream."""
+PROFILE_BUDGET = 64
+"""Calls the one-shot watch of a fetched default generator sees before it ends."""
+
+
+class _DefaultGenerators(tuple):
+    """`torch.<kind>.default_generators` that sees its generators restored by the user's
+    code. A `torch._C.Generator` cannot be wrapped (an immutable C type), so a fetch from
+    outside torch (`default_generators[i]`) starts a one-shot profile hook on that thread
+    that logs a setter called on that generator, and ends when the fetching function
+    returns or after PROFILE_BUDGET calls: Megatron's `_set_cuda_rng_state` fetches and sets
+    on the next line. Not when another profiler is on (it is left alone)."""
+
+    def __new__(cls, items: tuple, kind: str, log: RestoreLog) -> _DefaultGenerators:
+        made = super().__new__(cls, items)
+        made.kind = kind
+        made.log = log
+        return made
+
+    def __getitem__(self, index: Any) -> Any:
+        generator = super().__getitem__(index)
+        if isinstance(index, int) and not called_from_torch(2) and sys.getprofile() is None:
+            self._watch(generator, index % len(self), sys._getframe(1))
+        return generator
+
+    def _watch(self, generator: Any, index: int, caller: Any) -> None:
+        log, kind = self.log, self.kind
+        left = [PROFILE_BUDGET]
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event == "c_call" and getattr(arg, "__self__", None) is generator:
+                name = getattr(arg, "__name__", "")
+                if name in SETTERS and not log.nested:
+                    call = f"torch.{kind}.default_generators[{index}].{name}"
+                    log.log(call, stream_key(device_stream(kind, index)))
+            left[0] -= 1
+            if left[0] <= 0 or (event == "return" and frame is caller):
+                sys.setprofile(None)
+
+        sys.setprofile(profile)
 
 
 def _object_name(obj: Any, *args: Any, **kwargs: Any) -> Any:

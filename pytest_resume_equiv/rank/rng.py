@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from .fingerprint import content_hash, hash_bytes
 from .layout import DEVICE_KINDS, device_stream, generator_stream, owned_generator, stream_key
-from .trace import called_from_torch, short_path, torch_dir, user_frame
+from .trace import called_from_torch, inside, short_path, torch_dir, user_frame
 
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 """Frames in the in-rank machinery are skipped; the toy models' own frames are real sites."""
@@ -35,10 +35,10 @@ def creation_site(owners: Optional[Owners] = None) -> str:
     made_by_torch = ""
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if path.startswith(_OUR_DIR):
+        if inside(path, _OUR_DIR):
             frame = frame.f_back
             continue
-        if not (torch_folder and path.startswith(torch_folder)):
+        if not (torch_folder and inside(path, torch_folder)):
             return made_by_torch or f"{short_path(path)}:{frame.f_lineno}"
         owner = frame.f_locals.get("self")
         named = owners.name_of(owner) if owners is not None and owner is not None else None
@@ -287,6 +287,19 @@ def mutate(generators: Generators) -> None:
         generator.manual_seed(generator.initial_seed() ^ salt)
 
 
+def seed_devices(seed: int, kinds: tuple[str, ...] = DEVICE_KINDS) -> None:
+    """Seed every device of these kinds whose module is loaded (queued until the device is
+    initialised, as torch does). `torch.manual_seed` reaches torch_npu's streams only
+    through the privateuse1 hook, once torch_npu is imported: seeded here by name."""
+    torch = sys.modules.get("torch")
+    for kind in kinds:
+        module = getattr(torch, kind, None)
+        seed_all = getattr(module, "manual_seed_all", None)
+        in_bad_fork = getattr(module, "_is_in_bad_fork", None)
+        if callable(seed_all) and not (callable(in_bad_fork) and in_bad_fork()):
+            seed_all(seed)
+
+
 def seed_host_streams(seed: int) -> None:
     """Start every global RNG of the rank (torch CPU and devices, numpy, Python) from `seed`.
 
@@ -300,6 +313,7 @@ def seed_host_streams(seed: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
+        seed_devices(seed)
     try:
         import numpy
     except ImportError:

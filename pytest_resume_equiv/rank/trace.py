@@ -25,10 +25,16 @@ MAX_DRAWS = 200
 """Draws kept per window: the first ones say what advanced a stream; the rest only repeat."""
 
 
+def inside(path: str, folder: str) -> bool:
+    """Whether `path` is in `folder`: a prefix match up to a separator, so torch's folder
+    does not hold torch_npu, torchvision, torchtitan, torchtune, torchao or torchdata."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def _skipped(path: str) -> bool:
-    if path.startswith(_OUR_DIR) or path.startswith("<"):
+    if inside(path, _OUR_DIR) or path.startswith("<"):
         return True
-    return any(path.startswith(d) for d in _skipped_dirs())
+    return any(inside(path, d) for d in _skipped_dirs())
 
 
 def _skipped_dirs() -> tuple[str, ...]:
@@ -87,7 +93,7 @@ def called_from_torch(depth: int) -> bool:
     folder = torch_dir()
     if folder is None:
         return False
-    return os.path.abspath(sys._getframe(depth).f_code.co_filename).startswith(folder)
+    return inside(os.path.abspath(sys._getframe(depth).f_code.co_filename), folder)
 
 
 FORWARD = "forward"

@@ -1,17 +1,18 @@
 """Typed records of what each resume test ran and concluded: kept in memory during the
 session, turned into JSON once at its end (the JSON report, JUnit properties, and the
-records pytest-xdist workers send to the controller).
+records pytest-xdist workers send to the controller), and read back by `jsonable` from their
+fields.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..checks import Verdict, kind_of
 from ..checks.base import Outcome
+from ..compare.jsonable import to_json
 from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch
 from ..signature import readable
@@ -79,7 +80,7 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
     """A verdict in the JSON report: a resume's keys of report version 1 (`split`, `equal`,
     `first_divergence` in readable values, `data` and `topology` in words, ...) beside the
     verdict's own structured record, from which it is read back."""
-    data = verdict.to_json()
+    data = to_json(verdict)
     if not verdict.primary:
         return data
     cmp = verdict.comparison
@@ -95,7 +96,7 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
             "uninterrupted": readable(div.expected),
             "resumed": readable(div.actual),
         }
-    words = {f.kind: f.to_json().get("text", []) for f in verdict.every_fact}
+    words = {f.kind: to_json(f).get("text", []) for f in verdict.every_fact}
     return {
         "split": verdict.split,
         "equal": verdict.equal,
@@ -170,31 +171,20 @@ class RunRecord:
             "first_difference": odd.first_difference() if odd is not None else "",
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def json_extra(self) -> dict[str, Any]:
+        """The resumes and the checks around them apart, each with the report's keys, and
+        the teeth check and determinism control in a few words."""
         return {
-            "plan": self.plan,
-            "launches": [dataclasses.asdict(x) for x in self.launches],
             "verdicts": [verdict_json(v) for v in self.verdicts if v.primary],
             "checks": [verdict_json(v) for v in self.verdicts if not v.primary],
             "teeth": self.teeth,
             "control": self.control,
-            "failure": self.failure,
-            "warnings": self.warnings,
-            "ignored": self.ignored,
-            "plots": self.plots,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunRecord:
-        return cls(
-            plan=list(data["plan"]),
-            launches=[LaunchRecord(**x) for x in data["launches"]],
-            verdicts=[Verdict.from_json(x) for x in [*data["verdicts"], *data.get("checks", [])]],
-            failure=data.get("failure", ""),
-            warnings=list(data.get("warnings", [])),
-            ignored=list(data.get("ignored", [])),
-            plots=list(data.get("plots", [])),
-        )
+    def json_in(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The resumes and the checks, as one list of verdicts again."""
+        return {**data, "verdicts": [*data.get("verdicts", []), *data.get("checks", [])]}
 
 
 @dataclass
@@ -234,23 +224,14 @@ class TestRecord:
         """What failed first, in a few words: why the first failed run failed."""
         return next((run.failure for run in self.runs if run.failure), "")
 
-    def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["runs"] = [run.to_json() for run in self.runs]
-        data["wall_seconds"] = round(self.wall_seconds, 3)
-        data.update(
-            launches=self.launches,
-            reused_launches=self.reused_launches,
-            first_divergence=self.first_divergence,
-        )
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TestRecord:
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in data.items() if k in names}
-        fields["runs"] = [RunRecord.from_json(run) for run in data["runs"]]
-        return cls(**fields)
+    def json_extra(self) -> dict[str, Any]:
+        """The totals the summary table shows, for the JSON report's readers."""
+        return {
+            "wall_seconds": round(self.wall_seconds, 3),
+            "launches": self.launches,
+            "reused_launches": self.reused_launches,
+            "first_divergence": self.first_divergence,
+        }
 
     def proved(self) -> str:
         """What the test's launches showed, in one line (printed with -v after the test)."""
@@ -297,5 +278,5 @@ class TestRecord:
 
 def report_json(records: list[TestRecord]) -> dict[str, Any]:
     """The whole JSON report of a session, tests in node-id order."""
-    tests = [r.to_json() for r in sorted(records, key=lambda r: r.test)]
+    tests = [to_json(r) for r in sorted(records, key=lambda r: r.test)]
     return {"format": REPORT_FORMAT, "version": REPORT_VERSION, "tests": tests}

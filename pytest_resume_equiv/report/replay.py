@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..compare.jsonable import from_json, to_json
 from ..compare.tolerance import ComparisonRules
 
 JUDGEMENT_FILE = "judgement.json"
@@ -38,7 +39,7 @@ class Judgement:
             "check": self.check,
             "split": self.split,
             "label": self.label,
-            "rules": self.rules.to_json(),
+            "rules": to_json(self.rules),
             "runs": dict(self.runs),
         }
 
@@ -81,7 +82,7 @@ def read_judgement(run_dir: str) -> Optional[Judgement]:
             check=str(data["check"]),
             split=int(data["split"]),
             label=str(data["label"]),
-            rules=ComparisonRules.from_json(data["rules"]),
+            rules=from_json(ComparisonRules, data["rules"], f"{path}: rules"),
             runs={str(k): str(v) for k, v in data.get("runs", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -17,7 +17,7 @@ from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch.agents import OneRank, Standalone
 from pytest_resume_equiv.launch.forked import Forked, ForkServer, agents_for, fork_refusal
 from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
-from pytest_resume_equiv.launch.spec import default_env
+from pytest_resume_equiv.launch.spec import default_env, launcher_named
 from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.settings import parse_preload
 
@@ -125,7 +125,7 @@ def _spec(tmp_path, env, nproc=2, nnodes=1, launcher="local", fork=True):
         60.0,
         context,
         env,
-        launcher=launcher,
+        launcher=launcher_named(launcher),
         fork_server=fork,
     )
 
@@ -166,12 +166,12 @@ def test_a_preload_module_that_starts_a_thread_is_refused_by_name(tmp_path, monk
 
 # Follows torch 2.13: torch.cuda.is_available() calls torch._C._cuda_getDeviceCount(), which
 # poisons fork (torch/csrc/cuda/Module.cpp) but leaves is_initialized() False; the fake
-# (tests/fakes.py, FakeCuda) does the same in the server that imports this module.
+# (tests/fakes.py, FakeDeviceModule) does the same in the server that imports this module.
 POISONS_FORK = """
 import torch
-from fakes import FakeCuda
+from fakes import FakeDeviceModule
 
-torch.cuda = FakeCuda(2)
+torch.cuda = FakeDeviceModule("cuda", 2)
 torch.cuda.is_available()  # what many libraries do at import
 """
 

@@ -18,11 +18,12 @@ from helpers import CPU, interrupt_once_started, processes_mentioning
 from slurm_cluster import LocalSlurmCluster, slurm_available
 
 from pytest_resume_equiv.errors import ResumeEquivError
-from pytest_resume_equiv.launch.agents import SlurmSteps, job_name, launcher_named, launcher_of
+from pytest_resume_equiv.launch.agents import SlurmSteps, job_name, launcher_agents
 from pytest_resume_equiv.launch.devices import Device
 from pytest_resume_equiv.launch.rank_exits import rank_outcomes
 from pytest_resume_equiv.launch.resources import parallelism
 from pytest_resume_equiv.launch.running import LaunchSpec, Target
+from pytest_resume_equiv.launch.spec import launcher_named
 from pytest_resume_equiv.rank.context import LaunchContext
 from pytest_resume_equiv.rank.layout import (
     SLURM_PROBLEM,
@@ -200,7 +201,16 @@ def _spec(tmp_path, nnodes=2, launcher="slurm", args=()) -> LaunchSpec:
     context = LaunchContext("uninterrupted", str(tmp_path), "cpu", "gloo")
     target = Target("script", "train.py", ("--x=1",))
     return LaunchSpec(
-        "u", target, str(tmp_path), 2, nnodes, 60.0, context, {}, None, launcher, args
+        "u",
+        target,
+        str(tmp_path),
+        2,
+        nnodes,
+        60.0,
+        context,
+        {},
+        None,
+        launcher_named(launcher, args),
     )
 
 
@@ -219,7 +229,7 @@ def test_slurm_argv_outside_and_inside_an_allocation(tmp_path, monkeypatch, fake
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     spec = _spec(tmp_path, args=("--partition=gpu", "--gpus-per-node=8"))
     (tmp_path / "rendezvous.json").write_text('{"endpoint": "old:1", "step": "1.0"}')
-    (argv,) = SlurmSteps(spec.slurm_args).argvs(spec)
+    (argv,) = SlurmSteps(spec.launcher.args).argvs(spec)
     # explicit task counts: srun would otherwise take those of the step pytest runs in
     assert argv[:8] == [
         fake_srun,
@@ -282,8 +292,8 @@ def test_accelerator_launches_in_one_allocation_run_one_at_a_time():
 
 def test_local_launcher_simulates_nodes_with_one_agent_each(tmp_path):
     one, two = (_spec(tmp_path, nnodes=n, launcher="local") for n in (1, 2))
-    assert len(launcher_of(one).agents(one).argvs(_spec(tmp_path))) == 1
-    argvs = launcher_of(two).agents(two).argvs(_spec(tmp_path))
+    assert len(launcher_agents(one).argvs(_spec(tmp_path))) == 1
+    argvs = launcher_agents(two).argvs(_spec(tmp_path))
     assert len(argvs) == 2 and argvs[0] == argvs[1]
     assert "--standalone" not in argvs[0] and "--local-addr=127.0.0.1" in argvs[0]
 
@@ -317,7 +327,7 @@ def test_a_node_never_reads_an_earlier_launchs_endpoint(tmp_path):
 def test_a_one_rank_launch_runs_its_rank_with_torchruns_variables_and_no_agent(tmp_path):
     spec = _spec(tmp_path, nnodes=1, launcher="local")
     spec = LaunchSpec(**{**spec.__dict__, "nproc": 1})
-    agents = launcher_of(spec).agents(spec)
+    agents = launcher_agents(spec)
     (argv,) = agents.argvs(spec)
     assert argv[1:] == ["-m", "pytest_resume_equiv.rank.bootstrap", "--script", "train.py", "--x=1"]
     env = agents.env(spec)

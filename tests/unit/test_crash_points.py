@@ -11,8 +11,8 @@ from pytest_resume_equiv.checks.after_crash import Row, judge_after_crash
 from pytest_resume_equiv.checks.base import Verdict
 from pytest_resume_equiv.checks.crash import CrashTable
 from pytest_resume_equiv.checks.crash_points import find_points, on_disk
-from pytest_resume_equiv.compare import facts
 from pytest_resume_equiv.compare.comparators import comparator_for
+from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.compare.tolerance import ComparisonRules
 from pytest_resume_equiv.errors import ResumeEquivError, SettingError
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
@@ -260,9 +260,9 @@ def test_the_crash_table_reads_back_from_json():
         Row("first", "rank 0: after open(x)", "x 1 B", 2, "exact", "exact (resumed from step 2)")
     ]
     verdict = Verdict("crash", "passed", "crash at split 4", 4, facts=[CrashTable(4, rows)])
-    again = Verdict.from_json(json.loads(json.dumps(verdict.to_json())))
+    again = from_json(Verdict, json.loads(json.dumps(to_json(verdict))))
     (table,) = again.facts
-    assert table.rows == rows and facts.to_json(table) == facts.to_json(CrashTable(4, rows))
+    assert table.rows == rows and to_json(table) == to_json(CrashTable(4, rows))
     assert table.lines("crash at split 4")[1:] == [
         "  first  rank 0: after open(x)",
         "         on disk: x 1 B",

@@ -8,6 +8,7 @@ import os
 import pytest
 from plan_helpers import plan_for, write_run
 
+from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.golden import Environment, GoldenMeta, GoldenStore, GoldenTarget
 from pytest_resume_equiv.judge import Judge
@@ -95,7 +96,7 @@ def test_an_update_run_writes_the_golden_and_says_where(tmp_path):
     assert sorted(os.listdir(path / "signatures")) == ["rank-0.jsonl"]
     run = RunRecord([], verdicts=[verdict])
     record = TestRecord(TEST, "passed", "passed", 6, [3], 1, "cpu", 0.0, [run])
-    record = TestRecord.from_json(json.loads(json.dumps(record.to_json())))  # from a worker
+    record = from_json(TestRecord, json.loads(json.dumps(to_json(record))))  # from a worker
     assert format_golden_summary([record], [], False) == [
         f"{TEST}: wrote the golden {ENV.key} to {path}"
     ]

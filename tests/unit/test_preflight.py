@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import pytest_resume_equiv as req
+from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.diagnose.preflight import PRECISION, PreflightFacts, findings
 from pytest_resume_equiv.rank.preflight import capture
 
@@ -132,7 +133,7 @@ def test_reduced_precision_is_listed_apart_and_never_pushes_noise_out():
         8, len(facts.precision)
     )
     assert any("reduced precision (the same in every run" in line for line in lines)
-    assert PreflightFacts.from_json(facts.to_json()) == facts
+    assert from_json(PreflightFacts, to_json(facts)) == facts
 
 
 def test_npu_knobs_on_npu():

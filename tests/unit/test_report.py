@@ -8,6 +8,7 @@ from plan_helpers import plan_for, write_run
 from pytest_resume_equiv.checks import Outcome, Verdict
 from pytest_resume_equiv.checks.resume import judge_resume
 from pytest_resume_equiv.compare.comparators import Exact
+from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.compare.tolerance import ComparisonRules
 from pytest_resume_equiv.diagnose import Diagnosis
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
@@ -155,7 +156,7 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     ]
     record = TestRecord("t.py::test_b", "failed", "failed", 6, [3], 1, "cpu", 3.21, [run])
     other = TestRecord("t.py::test_a", "passed", "passed", 6, [3], 1, "cpu", 1.0, [])
-    data = json.loads(json.dumps(record.to_json()))
+    data = json.loads(json.dumps(to_json(record)))
     assert (data["launches"], data["reused_launches"]) == (2, 1)
     assert data["first_divergence"] == "split 3: step 4, rank 0, 'loss'"
     (verdict,) = data["runs"][0]["verdicts"]
@@ -176,7 +177,7 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     }
     assert data["runs"][0]["warnings"] == ["a warning"]
     assert [x["status"] for x in data["runs"][0]["launches"]] == ["ok", "ok"]
-    assert TestRecord.from_json(data) == record
+    assert from_json(TestRecord, data) == record
     report = report_json([record, other])
     assert report["format"] == "pytest-resume-equiv/report" and report["version"] == 1
     assert [t["test"] for t in report["tests"]] == ["t.py::test_a", "t.py::test_b"]

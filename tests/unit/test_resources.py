@@ -10,9 +10,10 @@ from plan_helpers import settings_for
 from pytest_resume_equiv.checks import build_plan
 from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch import resources
-from pytest_resume_equiv.launch.agents import LocalNodes, launcher_named
+from pytest_resume_equiv.launch.agents import LocalNodes
 from pytest_resume_equiv.launch.devices import Device
-from pytest_resume_equiv.launch.resources import Launcher, LeaseWait, parallelism
+from pytest_resume_equiv.launch.resources import LeaseWait, LeasingStarter, parallelism
+from pytest_resume_equiv.launch.spec import launcher_named
 from pytest_resume_equiv.plan import RunRequest
 
 CUDA2 = Device("cuda", "nccl", 2)
@@ -78,7 +79,7 @@ def test_each_accelerator_launch_leases_its_own_devices(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     settings = settings_for(split=[2, 3, 4], nproc=1, rng_mutation=False)
     plan = build_plan(settings, RunRequest(train), CUDA2, str(tmp_path))
-    start = Launcher(CUDA2, 30.0, "test_x", lock_dir=str(tmp_path / "leases"))
+    start = LeasingStarter(CUDA2, 30.0, "test_x", lock_dir=str(tmp_path / "leases"))
     first = start(plan.by_role("resumed")[0], False)
     second = start(plan.by_role("resumed")[1], False)
     assert start(plan.by_role("resumed")[2], False) is None  # both devices taken: ask again later
@@ -117,7 +118,7 @@ def test_a_simulated_two_node_launch_leases_four_devices_and_gives_each_node_two
     four = Device("cuda", "nccl", 4)
     settings = settings_for(split=3, nproc=2, nnodes=2, rng_mutation=False)
     plan = build_plan(settings, RunRequest(train), four, str(tmp_path))
-    start = Launcher(four, 30.0, "test_x", lock_dir=str(tmp_path / "leases"))
+    start = LeasingStarter(four, 30.0, "test_x", lock_dir=str(tmp_path / "leases"))
     first = start(plan.by_role("uninterrupted")[0], False)
     spec = FakeRunning.started[-1]
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
@@ -233,7 +234,7 @@ def test_a_tests_next_launch_prefers_the_devices_of_its_previous_one(tmp_path, m
     settings = settings_for(split=3, nproc=2, rng_mutation=False)
     plan = build_plan(settings, RunRequest(train), four, str(tmp_path))
     other = LeaseWait(four, 1, 5, "another test", locks).poll()
-    start = Launcher(four, 30.0, "test_x", lock_dir=locks)
+    start = LeasingStarter(four, 30.0, "test_x", lock_dir=locks)
     first = start(plan.by_role("uninterrupted")[0], False)
     assert FakeRunning.started[-1].env["CUDA_VISIBLE_DEVICES"] == "1,2"
     first.kill()

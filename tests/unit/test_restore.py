@@ -2,10 +2,12 @@
 
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
 import torch
+from fakes import DEFAULT_SEED, FakeDeviceModule
 
 import pytest_resume_equiv as req
 from pytest_resume_equiv.rank.context import current
@@ -70,10 +72,18 @@ def test_device_stream_restores_are_named_by_device(audited):
     ]
 
 
-def test_device_restores_name_the_device_however_it_is_given(audited, monkeypatch):
+@pytest.fixture
+def cuda(monkeypatch):
+    """A fake torch.cuda with 4 devices, not initialised (tests/fakes.py)."""
+    fake = FakeDeviceModule("cuda", 4, real=torch.cuda)
+    monkeypatch.setattr(torch, "cuda", fake)
+    return fake
+
+
+def test_device_restores_name_the_device_however_it_is_given(audited, cuda):
     """An index, "cuda:1", torch.device("cuda") (the current device) or nothing; through
     torch.cuda or torch.cuda.random (HF Trainer's path): each names the stream it restores."""
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    cuda.set_device(3)  # initialises, as torch.cuda.set_device does
     run_dir = audited(phase="resumed", split=2)
     state = torch.get_rng_state()
     torch.cuda.set_rng_state(state, "cuda:1")
@@ -89,6 +99,111 @@ def test_device_restores_name_the_device_however_it_is_given(audited, monkeypatc
         ("torch.cuda.set_rng_state", "rng:cuda:2"),
         ("torch.cuda.set_rng_state_all", "rng:cuda:*"),
     ]
+
+
+def test_naming_a_restore_does_not_initialise_the_device(audited, cuda):
+    """An unindexed seed or state before initialisation is queued by torch and applied at
+    it, to device 0: named so, without `current_device()` (which would initialise CUDA in a
+    device=cpu run, and open a context on NPU 0 in every rank)."""
+    run_dir = audited(phase="resumed", split=2)
+    torch.cuda.manual_seed(3)
+    torch.cuda.set_rng_state(torch.get_rng_state())
+    torch.cuda.seed()
+    torch.cuda.seed_all()
+    req.record(3, loss=1.0)
+    assert not cuda.is_initialized() and cuda.calls == []
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.manual_seed", "rng:cuda:0"),
+        ("torch.cuda.set_rng_state", "rng:cuda:0"),
+        ("torch.cuda.seed", "rng:cuda:0"),
+        ("torch.cuda.seed_all", "rng:cuda:*"),
+    ]
+    cuda.current_device()  # initialisation applies them to device 0, as named
+    assert cuda.default_generators[0].initial_seed() != DEFAULT_SEED
+
+
+def test_torch_manual_seed_is_logged_as_reseeding_every_device(audited, cuda):
+    """torch/random.py: `torch.manual_seed` seeds the CPU and every cuda/xpu/privateuse1
+    device (queued until initialisation)."""
+    run_dir = audited(phase="resumed", split=2)
+    torch.manual_seed(1)
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.manual_seed", "rng:cpu"),
+        ("torch.manual_seed", "rng:cuda:*"),
+    ]
+    cuda.current_device()
+    assert {g.initial_seed() for g in cuda.default_generators} == {1}
+
+
+def _set_cuda_rng_state(new_state, device=-1):
+    """Megatron's way (megatron/core/tensor_parallel/random.py): the default generator set
+    directly, not through torch.cuda.set_rng_state."""
+    idx = torch.cuda.current_device() if device == -1 else device
+    default_generator = torch.cuda.default_generators[idx]
+    default_generator.set_state(new_state)
+
+
+def test_a_default_generator_set_directly_is_a_restore(audited, cuda):
+    run_dir = audited(phase="resumed", split=2)
+    cuda.current_device()  # initialisation: the watching tuple is put in place then
+    state = cuda.default_generators[1].get_state()  # a read is no restore
+    _set_cuda_rng_state(state, 1)
+    torch.cuda.default_generators[2].manual_seed(7)
+    torch.cuda.manual_seed_all(3)  # torch's own fetches inside are not logged twice
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.cuda.default_generators[1].set_state", "rng:cuda:1"),
+        ("torch.cuda.default_generators[2].manual_seed", "rng:cuda:2"),
+        ("torch.cuda.manual_seed_all", "rng:cuda:*"),
+    ]
+    assert sys.getprofile() is None
+    current().uninstall()
+    assert type(cuda.default_generators) is tuple
+
+
+def test_libraries_named_like_torch_are_not_torch(audited):
+    """torch's folder is .../site-packages/torch: torch_npu, torchvision, torchtitan,
+    torchtune, torchao and torchdata sit beside it, and their re-seeds are the user's."""
+    run_dir = audited(phase="resumed", split=2)
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    for library in ("torch_npu", "torchtitan"):
+        code = compile(
+            "def reseed():\n    torch.manual_seed(1)\n",
+            os.path.join(site, library, "utils.py"),
+            "exec",
+        )
+        namespace = {"torch": torch}
+        exec(code, namespace)
+        namespace["reseed"]()
+    req.record(3, loss=1.0)
+    log = signature(run_dir).restores
+    assert [e["call"] for e in log] == ["torch.manual_seed", "torch.manual_seed"]
+    assert "torch_npu/utils.py:2 (from tests/unit/test_restore.py:" in log[0]["at"]
+
+
+def test_npu_streams_are_seeded_when_the_plugin_imports_torch_npu(in_rank, tmp_path, monkeypatch):
+    """Without torch's device autoload torch_npu is not imported until the bootstrap imports
+    it for an npu launch: the rank's seed must reach its streams all the same."""
+    package = tmp_path / "site" / "torch_npu"
+    package.mkdir(parents=True)
+    package.joinpath("__init__.py").write_text(
+        "import torch\nfrom fakes import FakeDeviceModule\n"
+        "torch.npu = FakeDeviceModule('npu', 2)  # torch_npu registers torch.npu on import\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    try:
+        in_rank(device_kind="npu")
+        current().install(seed=11)
+        npu = torch.npu
+        npu.current_device()
+        assert {g.initial_seed() for g in npu.default_generators} == {11}
+    finally:
+        current().uninstall()
+        sys.modules.pop("torch_npu", None)
+        if hasattr(torch, "npu"):
+            del torch.npu
 
 
 def test_rng_states_torch_puts_back_itself_are_not_restores(audited):
