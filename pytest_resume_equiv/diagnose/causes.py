@@ -165,15 +165,15 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
         )
     # only seeds drawn (an iterator started, nothing else): its own generator is the fix
     fixes.insert(0 if seeds and len(seeds) == len(extra_draws) else 1, own)
-    lost = _lost_batch(s)
-    if lost is True:
+    other_batch = _first_batch_differs(s)
+    if other_batch is True:
         fixes.insert(
             0,
-            "save the batch prefetched before the save with the checkpoint (the first "
-            "resumed step consumed the next step's batch), or fetch each batch at the top "
-            "of its own step",
+            "if that code fetches the first batch, the batch prefetched before the save is "
+            "not in the checkpoint (the first resumed step consumed other samples): save it "
+            "with the checkpoint, or fetch each batch at the top of its own step",
         )
-    elif lost is None:
+    elif other_batch is None:
         fixes.append(
             "if that code fetches the first batch, save the batch prefetched before the save "
             "with the checkpoint"
@@ -187,17 +187,17 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
     )
 
 
-def _lost_batch(s: Subject) -> Optional[bool]:
-    """Whether the first resumed step consumed the samples the uninterrupted run consumed one
-    step later (a prefetched batch lost at the resume): None when no sample ids were
-    recorded."""
+def _first_batch_differs(s: Subject) -> Optional[bool]:
+    """Whether the first resumed step consumed other samples than the uninterrupted run's
+    (only then can a batch prefetched before the save have been lost); None when no sample ids
+    were recorded."""
     first = s.ev.split + 1
     ours = s.ev.res.get(s.rank, {}).get(first, {})
-    later = s.ev.base.get(s.rank, {}).get(first + 1, {})
+    theirs = s.ev.base.get(s.rank, {}).get(first, {})
     keys = [k for k in ours if is_identity_key(k)]
     if not keys:
         return None
-    return any(ours[k] is not None and ours[k] == later.get(k) for k in keys)
+    return any(ours[k] != theirs.get(k) for k in keys)
 
 
 def _to_forward(point: Optional[dict]) -> Optional[dict]:
