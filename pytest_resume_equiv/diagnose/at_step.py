@@ -12,6 +12,7 @@ from typing import Optional
 from ..compare.accounting import is_identity_key
 from ..rank.layout import (
     DEVICE_KINDS,
+    RNG,
     WATCH,
     generator_site,
     is_audit_key,
@@ -492,9 +493,9 @@ def _computed_differently(ev: Evidence) -> Diagnosis:
     else: the cause is in what the audit did not see, never in how a watched object or an
     audited stream was saved or restored (that would contradict the resume point)."""
     rank, keys = next(iter(ev.differing.items()))
-    base, res = ev.points(rank)
+    _, res = ev.points(rank)
     watched_objects = sorted({k.rpartition(".")[0] for k in (res or {}).get(WATCH, {})})
-    streams = len((res or {}).get("rng", {}))
+    streams = len((res or {}).get(RNG, {}))
     seen = ", ".join(f"'{o}'" for o in watched_objects) or "no watched object"
     which = (
         "the first resumed step"
