@@ -17,6 +17,7 @@ from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
 from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..diagnose.classes import FRESH_PROCESS, SAVED_WRONG_BY_ITS_WRITER
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
@@ -24,7 +25,7 @@ from ..plan import PlannedLaunch, Planner
 from ..rank.layout import is_audit_key, target_file
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
-from .within_noise import FRESH_PROCESS, fresh_process, rejudge
+from .within_noise import fresh_process, rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
@@ -105,7 +106,7 @@ def _saved_wrong_by_source(
         "state that was not its live one (a state dict taken before its own load, or an "
         "object the load replaced). Fix: take each object's state_dict() when saving, from "
         "the objects the training uses after the load",
-        "saved wrong by the launch that wrote it",
+        SAVED_WRONG_BY_ITS_WRITER,
     )
 
 
