@@ -253,10 +253,11 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "auto",
-            "automatic recording: on (default: a step per optimizer step with no call in the "
-            "trainer; loss, input data, optimizers and LR schedulers recorded beside explicit "
-            "values) or off (only the trainer's record/watch calls); the marker's auto= wins",
-            True,
+            "automatic recording: on (a step per optimizer step with no call in the trainer; "
+            "loss, input data, optimizers and LR schedulers recorded beside explicit values) or "
+            "off (default for now: only the trainer's record/watch calls); the marker's auto= "
+            "wins",
+            False,
             parse_bool,
             choices=ON_OFF,
         ),

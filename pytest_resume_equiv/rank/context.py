@@ -90,7 +90,7 @@ class LaunchContext:
     crash: Optional[dict[str, Any]] = None
     """interrupt="crash": the point of the save at which every rank is killed
     (`rank/crash.py`)."""
-    auto: bool = True
+    auto: bool = False
     """Automatic recording (rank/auto.py): a step line per optimizer step with no `record`
     call, and the loss, data, optimizers and schedulers beside the explicit values. False:
     only the trainer's explicit calls are recorded."""

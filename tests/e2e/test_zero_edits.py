@@ -25,27 +25,27 @@ def run(resume_equiv, bug="none", command=COMMAND):
     )
 
 
-@resume_equivalent(steps=6, split=3, nproc=2)
+@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
 def test_plain_trainer_resumes(resume_equiv):
     run(resume_equiv)
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
 def test_forgotten_optimizer_state(resume_equiv):
     run(resume_equiv, "no-optimizer-state")
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
 def test_forgotten_scheduler(resume_equiv):
     run(resume_equiv, "no-scheduler")
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
 def test_data_restarted(resume_equiv):
     run(resume_equiv, "data-restart")
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
 def test_checkpoint_of_another_step(resume_equiv):
     run(resume_equiv, "wrong-checkpoint", [*COMMAND[:2], "--save-at=3,5", COMMAND[3]])
 

@@ -174,3 +174,45 @@ def test_auto_off_records_only_the_explicit_calls(in_rank):
     assert not [k for k in sig.by_step()[1] if k.startswith(("auto:", "watch:"))]
     silent = _run(in_rank, lambda: _train(3), auto=False, run_dir=sig.path + ".silent")
     assert silent.steps == []
+
+
+def test_auto_resolves_from_ini_env_cli_and_the_marker():
+    from test_settings import FakeConfig
+
+    from pytest_resume_equiv.settings import SettingError, resolve_session, resolve_test
+
+    off = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
+    assert off.auto is False and off.sources["auto"] == "default"
+    env = {"PYTEST_RESUME_EQUIV_AUTO": "on"}
+    on = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
+    assert on.auto is True and "PYTEST_RESUME_EQUIV_AUTO" in on.sources["auto"]
+    marked = resolve_test(
+        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": False}
+    )
+    assert marked.auto is False and "marker" in marked.sources["auto"]
+    try:
+        resolve_test(
+            resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3, "auto": "no"}
+        )
+    except SettingError as exc:
+        assert "auto" in str(exc) and "True" in str(exc)
+    else:
+        raise AssertionError("auto='no' was accepted")
+
+
+def test_a_checkpoint_of_another_step_is_a_finding():
+    from pytest_resume_equiv.compare.loaded_step import loaded_step
+    from pytest_resume_equiv.signature import Signature
+
+    def sig(counters=None, loaded=None):
+        return Signature("x", {"rank": 0}, [], True, counters=counters or {}, loaded=loaded)
+
+    base = {0: sig({s: {"optimizer": s, "lr_scheduler": s} for s in range(1, 7)})}
+    right = {0: sig(loaded={"split": 3, "counters": {"optimizer": 3, "lr_scheduler": 3}})}
+    wrong = {0: sig(loaded={"split": 3, "counters": {"optimizer": 5, "lr_scheduler": 5}})}
+    assert loaded_step(base, right, 3) is None
+    finding = loaded_step(base, wrong, 3)
+    assert finding is not None and finding.failed
+    assert "the checkpoint loaded is of step 5, not step 3" in finding.lines("split 3")[0]
+    unknown = {0: sig(loaded={"split": 3, "counters": {"optimizer": 40}})}
+    assert loaded_step(base, unknown, 3) is None  # of no step the run had: the comparison says
