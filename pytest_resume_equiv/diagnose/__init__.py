@@ -16,7 +16,7 @@ from typing import Optional
 from ..compare.diff import Comparison
 from ..rank.layout import WATCH, section_of
 from ..signature import Signature
-from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore
+from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
 from .evidence import Diagnosis, Evidence
 
@@ -33,7 +33,7 @@ def diagnose(
         return None
     ev = Evidence.of(cmp, base, res)
     if cmp.divergence is None:
-        return checkpoint_rewritten(ev)
+        return other_checkpoint(ev) or checkpoint_rewritten(ev)
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
     if found is None:
         found = classify_at_step(ev)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
+from ..compare.accounting import is_identity_key
 from ..rank.layout import (
     GENERATOR,
     OWNED_BY,
@@ -20,6 +21,7 @@ from ..rank.layout import (
 from ..rank.trace import FORWARD
 from ..signature import readable
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
+from .replay import replayed_epoch
 from .subject import Subject, equal_to_step, point_value
 
 STREAM_WORDS = {
@@ -72,8 +74,10 @@ def derived_from_parent(s: Subject) -> Optional[Diagnosis]:
         if point_value(s.base, parent) != point_value(s.res, parent)
         else "although it matches at the resume point (restored after the iterator started)"
     )
+    replay = replayed_epoch(s.ev, s.rank)
     return Diagnosis(
-        f"{s.where()}: {stream_words(s.name)} differs at the resume point; it is seeded from "
+        (f"{s.where()}: {replay}. " if replay else f"{s.where()}: ")
+        + f"{stream_words(s.name)} differs at the resume point; it is seeded from "
         f"{parent_words} when an iterator starts{started}, so {parent_words} was not the "
         f"uninterrupted run's state there, {now}. Fix: before starting the iterator again, "
         f"restore {parent_words} to the state saved before the epoch's iterator started "
@@ -87,6 +91,16 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
     if not s.reseeds:
         return None
     call = s.reseeds[-1]
+    replay = replayed_epoch(s.ev, s.rank)
+    if replay and stream_kind(s.name) == GENERATOR:
+        return Diagnosis(
+            f"{s.where()}: {replay}: {stream_words(s.name)} shuffles the data and was seeded "
+            f"again after the checkpoint was read ({call['call']} at {call['at']}), so the "
+            "resumed epoch draws the permutation of the first one. Fix: save the generator's "
+            "state from before the epoch's permutation was drawn and set_state() it before the "
+            "iterator starts (after any seeding), or derive the shuffle from (seed, epoch)",
+            "replayed epoch",
+        )
     if stream_kind(s.name) == GENERATOR and not s.before_resume and len(s.restores) == 1:
         return Diagnosis(
             f"{s.where()}: {stream_words(s.name)} was made and seeded after the checkpoint was "
@@ -98,7 +112,7 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was seeded again after the checkpoint was read ({call['call']} at "
         f"{call['at']}), which replaces the restored state. Fix: seed before loading, or restore "
-        f"the stream after seeding ({HOW.get(stream_kind(s.name), 'set_rng_state')})",
+        f"the stream after seeding ({_how(s.name)})",
         "re-seeded after loading",
     )
 
@@ -136,17 +150,54 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
             "a generator of its own",
             "repeated before the resume",
         )
+    extra_draws = [
+        d
+        for d in (s.res or {}).get("draws", [])
+        if d.get("stream") == s.name and d.get("after_restores", 0) > s.last_restore
+    ]
+    seeds = [d for d in extra_draws if d.get("op") == "random_" and d.get("shape") == []]
+    fixes = ["restore the stream after that code runs"]
+    own = "give that code a generator of its own"
+    if seeds:  # a seed drawn from the stream: a DataLoader iterator starting there
+        own = (
+            f"give the DataLoader started at {seeds[0]['at']} a generator of its own "
+            "(DataLoader(generator=g), g's state saved and restored)"
+        )
+    # only seeds drawn (an iterator started, nothing else): its own generator is the fix
+    fixes.insert(0 if seeds and len(seeds) == len(extra_draws) else 1, own)
+    other_batch = _first_batch_differs(s)
+    if other_batch is True:
+        fixes.insert(
+            0,
+            "if that code fetches the first batch, the batch prefetched before the save is "
+            "not in the checkpoint (the first resumed step consumed other samples): save it "
+            "with the checkpoint, or fetch each batch at the top of its own step",
+        )
+    elif other_batch is None:
+        fixes.append(
+            "if that code fetches the first batch, save the batch prefetched before the save "
+            "with the checkpoint"
+        )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was restored ({restore['call']} at "
         f"{restore['at']}) and then advanced by {total} draw{'s' * (total > 1)} before the first "
-        f"resumed step that the uninterrupted run does not make there: {ops}. Fix: the first "
-        "resumed step must start from the state the uninterrupted run has there: if that code "
-        "fetches the first batch, the batch prefetched before the save is not in the "
-        "checkpoint (save it with the checkpoint, or fetch each batch at the top of its own "
-        "step); otherwise restore the stream after that code runs, or give that code a "
-        "generator of its own",
+        f"resumed step that the uninterrupted run does not make there: {ops}. Fix: "
+        + "; otherwise ".join(fixes),
         "restored then advanced",
     )
+
+
+def _first_batch_differs(s: Subject) -> Optional[bool]:
+    """Whether the first resumed step consumed other samples than the uninterrupted run's
+    (only then can a batch prefetched before the save have been lost); None when no sample ids
+    were recorded."""
+    first = s.ev.split + 1
+    ours = s.ev.res.get(s.rank, {}).get(first, {})
+    theirs = s.ev.base.get(s.rank, {}).get(first, {})
+    keys = [k for k in ours if is_identity_key(k)]
+    if not keys:
+        return None
+    return any(ours[k] != theirs.get(k) for k in keys)
 
 
 def _to_forward(point: Optional[dict]) -> Optional[dict]:
@@ -208,12 +259,30 @@ def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
     else:
         how = HOW.get(kind, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
         calls = "set_rng_state" if kind not in ("numpy", "python") else how.split(" / ")[1]
+    replay = replayed_epoch(s.ev, s.rank) if kind == GENERATOR else ""
+    if replay:
+        return Diagnosis(
+            f"{s.where()}: {replay}: {stream_words(s.name)} shuffles the data and was never "
+            f"restored (no {calls} call for it after the checkpoint was read), so the resumed "
+            "epoch draws the permutation of the first one. Fix: save the generator's state "
+            "from before the epoch's permutation was drawn and set_state() it before the "
+            "iterator starts, or derive the shuffle from (seed, epoch)",
+            "replayed epoch",
+        )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was never restored (no {calls} call for it after "
         f"the checkpoint was read) and differs at the resume point. Fix: save and restore it, "
         f"{how}",
         "never restored",
     )
+
+
+def _how(name: str) -> str:
+    """How a stream's state is saved and restored."""
+    kind = stream_kind(name)
+    if kind == GENERATOR:
+        return GENERATOR_HOW
+    return HOW.get(kind, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
 
 
 def stream_words(name: str) -> str:

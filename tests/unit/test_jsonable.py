@@ -30,7 +30,13 @@ from pytest_resume_equiv.report.records import LaunchRecord, RunRecord, TestReco
 
 ACCOUNT = DataAccount("sample_ids", [1], [7], [2], False, True, [3], ([4], [2]), (1, 0))
 TOPOLOGY = TopologyFacts(
-    (2, 1), [ACCOUNT], [Envelope("loss", 4, 0.5, 0.1, 0.4)], ["lr"], ["rank_loss"], ["shared"]
+    (2, 1),
+    [ACCOUNT],
+    [Envelope("loss", 4, 0.5, 0.1, 0.4)],
+    ["lr"],
+    ["rank_loss"],
+    ["shared"],
+    ["loss relative 0.3 at step 1"],
 )
 NOISE = NoiseFacts(
     "uninterrupted", ["/r/a"], 1, {"0": {"loss": {"4": 0.25}}}, {"loss": 0.01}, ["step 4, x"]
@@ -91,7 +97,7 @@ KEYS = {
     "context latent ignored facts how",
     "Divergence": "step rank key path expected actual detail node",
     "StepProblem": "kind rank steps message",
-    "TopologyFacts": "kind nproc data envelopes exact per_rank shared text",
+    "TopologyFacts": "kind nproc data envelopes exact per_rank shared blind text",
     "Envelope": "key step deviation noise allowed",
     "DataAccount": "key missing fewer repeated twice from_earlier moved replayed epochs",
     "DataFacts": "kind accounts text",
