@@ -13,6 +13,7 @@ from typing import Optional
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
 from ..compare.gate import GateFacts, gate
+from ..compare.loaded_step import loaded_step
 from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
 from ..compare.tolerance import ComparisonRules
@@ -65,13 +66,14 @@ def judge_resume(
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
     held = gate(reference, source, run, split, rules)
+    loaded = loaded_step(reference, run, split)
     verdict = Verdict(
         check,
-        "passed" if cmp.equal and not held.failed else "failed",
+        "passed" if cmp.equal and not held.failed and loaded is None else "failed",
         label,
         split,
         comparison=cmp,
-        facts=[held],
+        facts=[held] if loaded is None else [loaded, held],
         primary=True,
         signatures=(reference, run),
     )
