@@ -13,10 +13,12 @@ from typing import Optional
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
 from ..compare.gate import GateFacts, gate
+from ..compare.loaded_step import loaded_step
 from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
 from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..diagnose.classes import FRESH_PROCESS, SAVED_WRONG_BY_ITS_WRITER
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
@@ -24,7 +26,7 @@ from ..plan import PlannedLaunch, Planner
 from ..rank.layout import is_audit_key, target_file
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
-from .within_noise import FRESH_PROCESS, fresh_process, rejudge
+from .within_noise import fresh_process, rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
@@ -64,13 +66,14 @@ def judge_resume(
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
     held = gate(reference, source, run, split, rules)
+    loaded = loaded_step(reference, run, split)
     verdict = Verdict(
         check,
-        "passed" if cmp.equal and not held.failed else "failed",
+        "passed" if cmp.equal and not held.failed and loaded is None else "failed",
         label,
         split,
         comparison=cmp,
-        facts=[held],
+        facts=[held] if loaded is None else [loaded, held],
         primary=True,
         signatures=(reference, run),
     )
@@ -105,7 +108,7 @@ def _saved_wrong_by_source(
         "state that was not its live one (a state dict taken before its own load, or an "
         "object the load replaced). Fix: take each object's state_dict() when saving, from "
         "the objects the training uses after the load",
-        "saved wrong by the launch that wrote it",
+        SAVED_WRONG_BY_ITS_WRITER,
     )
 
 
