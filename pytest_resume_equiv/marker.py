@@ -48,6 +48,9 @@ class MarkerSpec:
     of the save, and returned), or a tuple of those names and event indexes."""
     crash_refusal: str = "pass"
     """interrupt="crash": whether a clean refusal of a torn checkpoint passes or fails."""
+    auto: Optional[bool] = None
+    """Automatic recording (False: only the trainer's explicit calls are recorded); None:
+    not given on the marker (the session option decides)."""
 
     @property
     def world_size(self) -> int:
@@ -137,6 +140,16 @@ def _rng_mutation(value: Any) -> Optional[bool]:
     return value
 
 
+def _auto(value: Any) -> Optional[bool]:
+    if value is not None and not isinstance(value, bool):
+        raise _error(
+            "auto",
+            value,
+            "must be True (record every optimizer step) or False (explicit calls only)",
+        )
+    return value
+
+
 def _interrupt(value: Any) -> str:
     if value not in INTERRUPTS:
         raise _error("interrupt", value, f"supported: {', '.join(map(repr, INTERRUPTS))}")
@@ -216,6 +229,7 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "golden_checkpoint": _golden_checkpoint,
     "crash_points": _crash_points,
     "crash_refusal": _crash_refusal,
+    "auto": _auto,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)

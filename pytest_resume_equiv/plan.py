@@ -223,6 +223,7 @@ class Planner:
             checkpoint=checkpoint,
             checkpoint_template=self.checkpoint,
             template_values=values,
+            auto=self.settings.auto,
         )
 
     def saving(

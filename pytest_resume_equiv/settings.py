@@ -252,6 +252,16 @@ OPTIONS: dict[str, Option] = {
             flag=True,
         ),
         Option(
+            "auto",
+            "automatic recording: on (a step per optimizer step with no call in the trainer; "
+            "loss, input data, optimizers and LR schedulers recorded beside explicit values) or "
+            "off (default for now: only the trainer's record/watch calls); the marker's auto= "
+            "wins",
+            False,
+            parse_bool,
+            choices=ON_OFF,
+        ),
+        Option(
             "rng_mutation",
             "run the teeth check (one extra resumed launch with every RNG stream mutated): "
             "true (default) or false; the marker's rng_mutation= wins",
@@ -334,7 +344,7 @@ def resolve_session(config: Any, env: Optional[Mapping[str, str]] = None) -> Ses
     return SessionSettings(values, "; ".join(errors) or None)
 
 
-MARKER_OPTIONS = ("timeout", "rng_mutation", "tolerance", "noise")
+MARKER_OPTIONS = ("timeout", "rng_mutation", "tolerance", "noise", "auto")
 """Options a marker may set for its test (the top layer of the precedence)."""
 
 
@@ -364,6 +374,7 @@ class TestSettings:
     update_golden: bool
     golden_only: bool
     rng_mutation: bool
+    auto: bool
     sources: dict[str, str]
 
     def describe(self, name: str) -> str:

@@ -14,10 +14,12 @@ from typing import Any, Optional
 
 from .rank.encode import decode_float
 from .rank.layout import (
+    COUNTERS,
     END,
     FILE_EVENT,
     FLOAT_TAG,
     IGNORED,
+    LOADED,
     PREFLIGHT,
     READABLE_SIGNATURE_VERSIONS,
     RESTORE,
@@ -57,6 +59,11 @@ class Signature:
     """The determinism knobs as the training set them (rank/preflight.py)."""
     files: list[dict[str, Any]] = field(default_factory=list)
     """The file events, in order (rank/files.py)."""
+    counters: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Step -> the step counters after it (automatic recording; not compared)."""
+    loaded: Optional[dict[str, Any]] = None
+    """A resumed launch with automatic recording: the step counters its load restored
+    (`{"split": N, "counters": {"optimizer": 3, "lr_scheduler": 3}}`, rank/auto.py)."""
 
     def resume_point(self, split: int) -> Optional[dict[str, Any]]:
         return next((p for p in self.resume_points if p.get("split") == split), None)
@@ -127,6 +134,8 @@ def _read_line(signature: Signature, lineno: int, line: str) -> None:
         signature.ignored += [str(name) for name in obj[IGNORED]]
     elif kind == PREFLIGHT:
         signature.preflight = _object(path, lineno, obj, PREFLIGHT)
+    elif kind == LOADED:
+        signature.loaded = _object(path, lineno, obj, LOADED)
     elif kind == FILE_EVENT:
         signature.files.append(_object(path, lineno, obj, FILE_EVENT))
     else:
@@ -138,6 +147,9 @@ def _read_line(signature: Signature, lineno: int, line: str) -> None:
             entries = _object(path, lineno, obj, section, {})
             values.update({audit_key(section, k): v for k, v in entries.items()})
         signature.steps.append((step, values))
+        counters = obj.get(COUNTERS)
+        if isinstance(counters, dict):
+            signature.counters.setdefault(step, counters)
 
 
 def _object(path: str, lineno: int, obj: dict, key: str, default: Any = None) -> dict:

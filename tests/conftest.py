@@ -98,11 +98,18 @@ def in_rank(tmp_path, monkeypatch):
         steps=6,
         run_dir=None,
         device_kind="cpu",
+        auto=True,
     ):
         run_dir = str(run_dir or tmp_path / phase)
         current().close()
         launch = LaunchContext(
-            phase, run_dir, device_kind=device_kind, steps=steps, split=split, splits=(split,)
+            phase,
+            run_dir,
+            device_kind=device_kind,
+            steps=steps,
+            split=split,
+            splits=(split,),
+            auto=auto,
         )
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))

@@ -14,111 +14,13 @@ from pytest_resume_equiv.launch.nvml import Gpu
 GIB = 1024**3
 
 
-class FakeCuda:
-    """`torch.cuda` of a CUDA build, after torch/cuda/__init__.py (torch 2.13) and
-    torch/csrc/cuda/Module.cpp:
-
-    - `is_available()` asks `torch._C._cuda_getDeviceCount()`, which initialises the driver
-      and calls `poison_fork()`: a pthread_atfork handler makes every later forked child
-      "in bad fork" (unless PYTORCH_NVML_BASED_CUDA_CHECK=1, then it counts through NVML);
-    - `device_count()` counts through NVML first (`_device_count_nvml`; no poisoning) and
-      falls back to `_cuda_getDeviceCount` when NVML cannot answer;
-    - `is_initialized()` is `_initialized and not _is_in_bad_fork()`: it stays False after
-      `is_available()`, although fork is poisoned;
-    - `_lazy_init()` (any `current_device()`, tensor on the device, ...) raises "Cannot
-      re-initialize CUDA in forked subprocess" in a child of a poisoned process.
-    """
-
-    def __init__(self, count: int, nvml: bool = True) -> None:
-        self.count = count
-        self.nvml = nvml
-        self.name = "NVIDIA H100"
-        self.free: tuple[int, ...] = (80 * GIB,)
-        """Free bytes per device (the last repeats for the others)."""
-        self.total = 80 * GIB
-        """Whether NVML answers (`_device_count_nvml() >= 0`)."""
-        self._initialized = False
-        self.fork_poisoned = False
-        self._in_bad_fork = False
-
-    def _cuda_getDeviceCount(self) -> int:  # noqa: N802 - torch._C's name
-        if not self.fork_poisoned:
-            self.fork_poisoned = True
-            os.register_at_fork(after_in_child=self._forked_child)
-        return self.count
-
-    def _forked_child(self) -> None:
-        self._in_bad_fork = True  # Module.cpp: forked_child() sets in_bad_fork
-
-    def _is_in_bad_fork(self) -> bool:
-        return self._in_bad_fork
-
-    def is_available(self) -> bool:
-        if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
-            return self.device_count() > 0
-        return self._cuda_getDeviceCount() > 0
-
-    def device_count(self) -> int:
-        if self._initialized or not self.nvml:
-            return self._cuda_getDeviceCount()
-        return self.count
-
-    def is_initialized(self) -> bool:
-        return self._initialized and not self._is_in_bad_fork()
-
-    def _lazy_init(self) -> None:
-        if self.is_initialized():
-            return
-        if self._is_in_bad_fork():
-            raise RuntimeError(
-                "Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
-                "multiprocessing, you must use the 'spawn' start method"
-            )
-        self._cuda_getDeviceCount()
-        self._initialized = True
-
-    def current_device(self) -> int:
-        self._lazy_init()
-        return 0
-
-    def _checked(self, device: Optional[int]) -> int:
-        """torch.cuda._utils._get_device_index, then the driver's "invalid device ordinal"."""
-        self._lazy_init()
-        index = 0 if device is None else int(device)
-        if not 0 <= index < self.count:
-            raise RuntimeError("CUDA error: invalid device ordinal")
-        return index
-
-    def get_device_name(self, device: Optional[int] = None) -> str:
-        """torch.cuda.get_device_name: get_device_properties(device).name (initialises)."""
-        return f"{self.name} #{self._checked(device)}"
-
-    def mem_get_info(self, device: Optional[int] = None) -> tuple[int, int]:
-        """torch/cuda/memory.py mem_get_info: cudart().cudaMemGetInfo(device) -> (free,
-        total) bytes (initialises); torch_npu/npu/memory.py and torch/xpu/memory.py alike."""
-        index = self._checked(device)
-        return (self.free[min(index, len(self.free) - 1)], self.total)
-
-
-class FakeNpu(FakeCuda):
-    """`torch.npu` as torch_npu registers it, after torch_npu/npu/utils.py and
-    torch_npu/csrc/npu/Module.cpp: `device_count()` is `_npu_getDeviceCount()`, which poisons
-    fork as CUDA's does, and `is_available()` is `device_count() > 0`; no NVML path."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__(count, nvml=False)
-
-    def is_available(self) -> bool:
-        return self.device_count() > 0
-
-
 def fake_torch(
     cuda: int = 0, xpu: int = 0, xccl: bool = False, cuda_version: Optional[str] = "12.8"
 ) -> ModuleType:
     """A `torch` module with the parts the device code reads (torch/version.py's fields)."""
     torch = ModuleType("torch")
-    torch.cuda = FakeCuda(cuda)
-    torch.xpu = FakeCuda(xpu)  # torch/xpu/__init__.py: the same lazy-init and fork rules
+    torch.cuda = FakeDeviceModule("cuda", cuda)
+    torch.xpu = FakeDeviceModule("xpu", xpu)
     torch.version = SimpleNamespace(cuda=cuda_version, hip=None, xpu="2025.1" if xpu else None)
     torch.distributed = SimpleNamespace(is_xccl_available=lambda: xccl)
     return torch
@@ -136,7 +38,7 @@ def importer(cuda=0, npu=None, xpu=0, xccl=False):
         if name == "torch_npu":
             if npu is None:
                 raise ImportError("No module named 'torch_npu'")
-            torch.npu = FakeNpu(npu)  # torch_npu registers torch.npu on import
+            torch.npu = FakeDeviceModule("npu", npu)  # torch_npu registers it on import
             return ModuleType("torch_npu")
         raise ImportError(name)
 
@@ -175,36 +77,55 @@ DEFAULT_SEED = 67280421310721
 
 
 class FakeDeviceModule(types.ModuleType):
-    """`torch.cuda` (torch 2.13: torch/cuda/__init__.py, torch/cuda/random.py) with `count`
-    devices and no driver; torch_npu's `torch.npu` (torch_npu/npu/utils.py, npu/random.py)
-    and `torch.xpu` (torch/xpu/__init__.py, random.py) have the same shape:
+    """`torch.cuda` (torch 2.13: torch/cuda/__init__.py, torch/cuda/random.py,
+    torch/csrc/cuda/Module.cpp) with `count` devices and no driver; torch_npu's `torch.npu`
+    (torch_npu/npu/utils.py, npu/random.py, csrc/npu/Module.cpp) and `torch.xpu`
+    (torch/xpu/__init__.py, random.py, csrc/xpu/Module.cpp) have the same shape:
 
-    - `device_count()` needs no initialisation; `is_initialized()` is False until the first
-      call that needs the driver (`_lazy_init`: `current_device`, `set_device`,
-      `get_rng_state`, `get_rng_state_all`, `synchronize`);
+    - asking the driver for the count (`torch._C._cuda_getDeviceCount`, `_npu_getDeviceCount`,
+      `_xpu_getDeviceCount`) calls `poison_fork()`: a pthread_atfork handler makes every later
+      forked child "in bad fork";
+    - `is_available()`: CUDA asks the driver (so it poisons fork) unless
+      PYTORCH_NVML_BASED_CUDA_CHECK=1; npu and xpu are `device_count() > 0`;
+    - `device_count()`: CUDA counts through NVML first (`_device_count_nvml`, no poisoning)
+      while not initialised and NVML answers; npu and xpu ask the driver;
+    - `is_initialized()` is `initialized and not _is_in_bad_fork()`: it stays False after
+      `is_available()`, although fork is poisoned;
+    - the first call that needs the driver (`_lazy_init`: `current_device`, `set_device`,
+      `get_rng_state`, `get_rng_state_all`, `synchronize`, `get_device_name`,
+      `mem_get_info`) raises "Cannot re-initialize CUDA in forked subprocess" in a child of
+      a poisoned process, and fills `default_generators` (`torch._C._cuda_init`);
     - seeding and `set_rng_state` before initialisation are queued (`_lazy_call`) and run at
-      it, on the device current then (0, unless `set_device` came first);
-    - `default_generators` is empty until initialisation fills it (`torch._C._cuda_init`);
-    - `_is_in_bad_fork()` is True in a child forked after initialisation (`in_bad_fork`).
+      it, on the device current then (0, unless `set_device` came first).
 
     The device generators are CPU `torch._C.Generator`s (made without `torch.Generator`, so
     a rank's generator registry does not see them). `calls` lists what touched the driver.
     """
 
-    def __init__(self, kind: str, count: int, real: Optional[ModuleType] = None) -> None:
+    def __init__(
+        self, kind: str, count: int, real: Optional[ModuleType] = None, nvml: bool = True
+    ) -> None:
         super().__init__(f"torch.{kind}")
         self.real = real
         """The CPU build's module: what the fake does not model (classes torch's other
         modules read at import, `_CudaDeviceProperties`...) is read from it."""
         self.kind = kind
         self.count = count
+        self.nvml = nvml and kind == "cuda"
+        """Whether NVML answers (`_device_count_nvml() >= 0`; CUDA only)."""
         self.initialized = False
+        self.fork_poisoned = False
         self.in_bad_fork = False
         self.current = 0
         self.default_generators: tuple[Any, ...] = ()
         self._queued_calls: list[Callable[[], None]] = []
         self.calls: list[str] = []
         self.random = self  # torch.cuda.random.set_rng_state is torch.cuda.set_rng_state
+        self.name = "NVIDIA H100" if kind == "cuda" else f"fake {kind}"
+        """The device model `get_device_name` reports."""
+        self.free: tuple[int, ...] = (80 * GIB,)
+        """Free bytes per device (the last repeats for the others)."""
+        self.total = 80 * GIB
 
     def __getattr__(self, name: str) -> Any:
         real = self.__dict__.get("real")
@@ -213,11 +134,25 @@ class FakeDeviceModule(types.ModuleType):
         return getattr(real, name)
 
     # initialisation
-    def device_count(self) -> int:
+    def _driver_count(self) -> int:
+        """torch._C._cuda_getDeviceCount (and npu's, xpu's): poisons fork once."""
+        if not self.fork_poisoned:
+            self.fork_poisoned = True
+            os.register_at_fork(after_in_child=self._forked_child)
         return self.count
 
+    def _forked_child(self) -> None:
+        self.in_bad_fork = True  # Module.cpp: forked_child() sets in_bad_fork
+
+    def device_count(self) -> int:
+        if self.nvml and not self.initialized:
+            return self.count
+        return self._driver_count()
+
     def is_available(self) -> bool:
-        return self.count > 0
+        if self.kind == "cuda" and os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
+            return self._driver_count() > 0
+        return self.device_count() > 0
 
     def is_initialized(self) -> bool:
         return self.initialized and not self.in_bad_fork
@@ -234,7 +169,7 @@ class FakeDeviceModule(types.ModuleType):
                 f"{self.kind.upper()} with multiprocessing, you must use the 'spawn' start "
                 "method"
             )
-        if self.count == 0:
+        if self._driver_count() == 0:
             raise RuntimeError(f"Found no {self.kind} devices")
         self.calls.append("init")
         self.initialized = True
@@ -317,6 +252,25 @@ class FakeDeviceModule(types.ModuleType):
     def initial_seed(self) -> int:
         self._lazy_init()
         return self.default_generators[self.current].initial_seed()
+
+    # what the doctor reads
+    def _checked(self, device: Optional[int]) -> int:
+        """torch.cuda._utils._get_device_index, then the driver's "invalid device ordinal"."""
+        self._lazy_init()
+        index = self.current if device is None else int(device)
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"{self.kind.upper()} error: invalid device ordinal")
+        return index
+
+    def get_device_name(self, device: Optional[int] = None) -> str:
+        """torch.cuda.get_device_name: get_device_properties(device).name (initialises)."""
+        return f"{self.name} #{self._checked(device)}"
+
+    def mem_get_info(self, device: Optional[int] = None) -> tuple[int, int]:
+        """torch/cuda/memory.py mem_get_info: cudart().cudaMemGetInfo(device) -> (free,
+        total) bytes (initialises); torch_npu/npu/memory.py and torch/xpu/memory.py alike."""
+        index = self._checked(device)
+        return (self.free[min(index, len(self.free) - 1)], self.total)
 
 
 def _index(device: Any) -> Optional[int]:

@@ -274,6 +274,54 @@ def check_rng_report(path):
     assert [x["role"] for x in run["launches"]] == ["uninterrupted", "resumed", "control"]
 
 
+# The resume-point gate and the causes (issue 30, item 3)
+
+HELD_CAUSES = (
+    "computed differently after an exact resume",
+    "gradient accumulation",
+    "data order",
+    "skipped again",
+    "dataloader workers",
+    "resumed-process compute",
+    "saved wrong by the launch that wrote it",
+)
+"""The classes of cause that may stand when the resume point matched bit for bit: what the
+audit does not see (state outside the watched objects, the data order after the first step,
+worker seeds, another kernel in a fresh process), or a state that the launch which wrote the
+checkpoint saved wrong (the gate compares with that launch). Any other blames the save or
+restore of an audited object that matched there."""
+
+
+def gate_contradictions(report_path):
+    """Failed resumes of a session's JSON report (`--resume-equiv-report`) whose resume point
+    held and whose likely cause still blames an audited object's save or restore."""
+    with open(report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    found = []
+    for test in report["tests"]:
+        for run in test["runs"]:
+            for verdict in run["verdicts"]:
+                gate = next((f for f in verdict["facts"] if f.get("kind") == "gate"), {})
+                cause = verdict.get("likely_cause") or {}
+                if gate.get("status") == "held" and cause and cause["class"] not in HELD_CAUSES:
+                    found.append(f"{test['test']}: {cause['class']}: {cause['cause']}")
+    return found
+
+
+def held_gates(report_path):
+    """How many failed resumes of the report had a resume point that held."""
+    with open(report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    return sum(
+        1
+        for test in report["tests"]
+        for run in test["runs"]
+        for verdict in run["verdicts"]
+        if verdict["status"] == "failed"
+        and any(f.get("kind") == "gate" and f.get("status") == "held" for f in verdict["facts"])
+    )
+
+
 def hangs_after_destroy(ctx):
     """The doctor's backend probe, then a rank that never leaves (a destructor stuck after
     teardown): the doctor's teardown row must fail on it."""

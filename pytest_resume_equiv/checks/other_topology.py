@@ -37,6 +37,9 @@ def judge_topology(
     )
     held = next(f for f in cmp.facts if isinstance(f, TopologyFacts))
     verdict.diagnosis = topology_diagnosis(cmp, held)
+    blind = held.judged_nothing()
+    if cmp.equal and blind:
+        verdict.status, verdict.why = "abstained", blind
     return verdict
 
 

@@ -12,10 +12,13 @@ from typing import Optional
 
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
-from ..compare.gate import gate
+from ..compare.gate import GateFacts, gate
+from ..compare.loaded_step import loaded_step
 from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
+from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..diagnose.classes import FRESH_PROCESS, SAVED_WRONG_BY_ITS_WRITER
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
@@ -23,7 +26,7 @@ from ..plan import PlannedLaunch, Planner
 from ..rank.layout import is_audit_key, target_file
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
-from .within_noise import FRESH_PROCESS, fresh_process, rejudge
+from .within_noise import fresh_process, rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
@@ -63,13 +66,14 @@ def judge_resume(
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
     held = gate(reference, source, run, split, rules)
+    loaded = loaded_step(reference, run, split)
     verdict = Verdict(
         check,
-        "passed" if cmp.equal and not held.failed else "failed",
+        "passed" if cmp.equal and not held.failed and loaded is None else "failed",
         label,
         split,
         comparison=cmp,
-        facts=[held],
+        facts=[held] if loaded is None else [loaded, held],
         primary=True,
         signatures=(reference, run),
     )
@@ -77,10 +81,35 @@ def judge_resume(
         verdict.diagnosis = diagnose_resume_point(cmp, reference, run)
     else:
         verdict.diagnosis = fresh_process(verdict) or diagnose(cmp, reference, run)
+    if source is not None and held.held and not cmp.equal:
+        saved_wrong = _saved_wrong_by_source(reference, run, split, held, rules)
+        verdict.diagnosis = saved_wrong or verdict.diagnosis
     div = cmp.divergence
     if div is not None and is_audit_key(div.key):
         verdict.values_match = comparator.compare(reference, run, split, user_only=True).equal
     return verdict
+
+
+def _saved_wrong_by_source(
+    reference: Run, run: Run, split: int, held: GateFacts, rules: ComparisonRules
+) -> Optional[Diagnosis]:
+    """The resumed run restored exactly what the launch that wrote its checkpoint held at the
+    split (the gate held against that launch), yet that state is not the uninterrupted run's
+    there: the checkpoint was saved wrong by that launch (a chain's earlier link saving a state
+    taken before its own load). Never "not restored as saved": it was."""
+    against = gate(reference, None, run, split, rules)
+    if not against.failed:
+        return None
+    rank, keys = next(iter(sorted(against.differing.items())))
+    return Diagnosis(
+        f"rank {rank}: the resumed run restored exactly what {held.reference} held at the "
+        f"split (its resume point matched it bit for bit), yet that differs from the "
+        f"uninterrupted run's state there ({', '.join(keys[:4])}): {held.reference} saved a "
+        "state that was not its live one (a state dict taken before its own load, or an "
+        "object the load replaced). Fix: take each object's state_dict() when saving, from "
+        "the objects the training uses after the load",
+        SAVED_WRONG_BY_ITS_WRITER,
+    )
 
 
 def saved_again(signatures: Run, split: int, checkpoint: Optional[str]) -> str:

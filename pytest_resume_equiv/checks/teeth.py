@@ -10,6 +10,7 @@ import os
 from typing import Optional
 
 from ..compare.comparators import Comparator, Run, WithinEnvelope
+from ..compare.envelope import TopologyFacts
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import RNG, section_of
 from .base import Check, Judging, Outcome, Verdict
@@ -115,6 +116,11 @@ class Teeth(Check):
                 if check.equal
                 else ("passed", "mutating every RNG stream changed the recorded values")
             )
+            blind = next(
+                (f.judged_nothing() for f in check.facts if isinstance(f, TopologyFacts)), ""
+            )
+            if check.equal and blind:  # it could see nothing: no verdict on its teeth
+                status, why = "skipped", f"the comparison on another topology is {blind}"
             verdict = Verdict(self.kind, status, LABEL, self.split, why, comparison=check)
             verdict.launch = launch.name
             verdict.runs = {"teeth": launch.spec.run_dir}

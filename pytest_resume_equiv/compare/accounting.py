@@ -94,6 +94,21 @@ class DataAccount:
     def exact(self) -> bool:
         return not (self.missing or self.fewer or self.repeated or self.moved)
 
+    def replay_words(self) -> str:
+        """The replay in words: `the resumed epoch 1 consumes the samples of epoch 0's steps
+        2-4, in order (at steps 6-8)`; "" when the data was not replayed."""
+        if not self.replayed:
+            return ""
+        res, base = self.replayed
+        order = ", in order" if len({r - b for r, b in zip(res, base)}) == 1 else ""
+        if self.epochs:
+            was, now = self.epochs
+            return (
+                f"the resumed epoch {now} consumes the samples of epoch {was}'s {_steps(base)}"
+                f"{order} (at {_steps(res)})"
+            )
+        return f"the resumed run consumed at {_steps(res)} the samples of {_steps(base)}{order}"
+
     def text(self) -> str:
         """In words, for the report: which ids, and what it looks like."""
         if self.exact:
@@ -137,7 +152,7 @@ def account(
             continue
         item = _account(key, theirs, ours, split)
         if item.replayed:
-            item.epochs = _epochs(base, *item.replayed)
+            item.epochs = _epochs(base, *item.replayed) or _epochs_from_ids(theirs, *item.replayed)
         found.append(item)
     return found
 
@@ -160,6 +175,25 @@ def _epochs(base: dict[int, Signature], res_steps: list[int], base_steps: list[i
 
     was, now = epoch(base_steps[0]), epoch(res_steps[0])
     return (was, now) if was is not None and now is not None and was != now else None
+
+
+def _epochs_from_ids(base: StepIds, res_steps: list[int], base_steps: list[int]):
+    """(epoch of the replayed steps, epoch of the resumed steps) from the data alone: an epoch
+    is the steps of the uninterrupted run before its first sample comes back (every sample
+    once), when the whole run has epochs of that length."""
+    seen: set[int] = set()
+    ordered = sorted(base)
+    length = 0
+    for step in ordered:
+        if seen & set(base[step]):
+            break
+        seen |= set(base[step])
+        length += 1
+    if not length or length == len(ordered):
+        return None
+    first = ordered[0]
+    was, now = (base_steps[0] - first) // length, (res_steps[0] - first) // length
+    return (was, now) if was != now else None
 
 
 def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:

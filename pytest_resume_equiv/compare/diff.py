@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from ..rank.encode import decode_float
-from ..rank.layout import FLOAT_TAG, RNG, TENSOR_TAG, is_audit_key, section_of
+from ..rank.layout import (
+    FLOAT_TAG,
+    RNG,
+    TENSOR_TAG,
+    is_audit_key,
+    is_training_value,
+    section_of,
+)
 from ..signature import Signature, readable
 from .accounting import is_identity_key
 from .facts import Fact
@@ -217,7 +224,7 @@ def _differences(
     order: they are what the report shows; the audit explains them."""
     keys = set(a) | set(b)
     if rules.user_only:
-        keys = {k for k in keys if not is_audit_key(k)}
+        keys = {k for k in keys if is_training_value(k)}
     found = []
     for key in sorted(keys, key=causal_order):
         if is_audit_key(key) and ignored(key, rules.ignore):

@@ -41,6 +41,11 @@ step 1 of two uninterrupted runs; a resumed run accumulates it only from the spl
 correct resume stays well inside; a bug (another sample, a lost RNG or optimizer state)
 moves values by orders of magnitude more than reduction-order rounding."""
 
+NOT_NOISE = 1e-2
+"""Relative difference between the two uninterrupted runs (one per topology) beyond which a
+value's difference is not reduction-order noise (other samples, another computation): such a
+difference never widens an envelope; the value is not judged (it is blind)."""
+
 Run = dict[int, Signature]
 Steps = dict[int, dict[str, Any]]
 
@@ -83,6 +88,9 @@ class TopologyFacts:
     """Keys with no counterpart on another topology, not compared."""
     shared: list[str] = field(default_factory=list)
     """Where several ranks of one run consumed the same sample in one step (unsharded data)."""
+    blind: list[str] = field(default_factory=list)
+    """Global values the two uninterrupted runs already hold apart by more than noise: no
+    envelope is measured for them (it would be wide enough to hide a bug), so not judged."""
 
     @property
     def data_exact(self) -> bool:
@@ -98,7 +106,11 @@ class TopologyFacts:
         head = f"resumed on {b} rank{'s' * (b != 1)} (uninterrupted on {a}):"
         lines = [f"{label}: {head}" if label else head]
         if not self.data:
-            lines.append("  data: no sample ids recorded, so the data was not accounted")
+            lines.append(
+                "  data: no sample ids recorded, so the data was not accounted (record each "
+                "batch's sample ids, or a content hash of its rows when batches carry no "
+                "index, as ids=...)"
+            )
         for item in self.data:
             word = "exact" if item.exact else "NOT equivalent (a bug, not numeric noise)"
             lines.append(f"  data {word}: {item.text()}")
@@ -108,6 +120,11 @@ class TopologyFacts:
             lines.append(f"  {where}: {env.text()}")
         if self.exact:
             lines.append("  compared exactly (equal on every rank): " + ", ".join(self.exact))
+        if self.blind:
+            lines.append(
+                f"  not judged (the uninterrupted runs on {a} and {b} ranks already differ "
+                "beyond noise, so no envelope is measured): " + "; ".join(self.blind[:4])
+            )
         if self.per_rank:
             lines.append(
                 "  not compared (per-rank, no counterpart on another topology): "
@@ -123,9 +140,24 @@ class TopologyFacts:
         """The verdict in words, for the JSON report's readers."""
         return {"text": self.lines()}
 
+    def judged_nothing(self) -> str:
+        """Why this comparison is blind, when it could judge nothing (no data accounted, no
+        value with an envelope or compared exactly) though values exist: "" otherwise."""
+        if self.data or self.envelopes or self.exact or not self.blind:
+            return ""
+        a, b = self.nproc
+        return (
+            f"blind: the data could not be accounted (no sample ids recorded), and the "
+            f"uninterrupted runs on {a} and {b} ranks already differ beyond noise "
+            f"({self.blind[0]}), so they consumed other data or compute differently and no "
+            "envelope measures noise; record each batch's sample ids (or a content hash of "
+            "its rows, as ids=...) so the data is accounted over the global batch"
+        )
+
     def unchecked(self) -> str:
-        """A warning when nothing could be held to the contract."""
-        if self.data or self.envelopes or self.exact:
+        """A warning when nothing could be held to the contract (a blind comparison says so
+        in its verdict instead)."""
+        if self.data or self.envelopes or self.exact or self.blind:
             return ""
         return (
             "the resume on another topology compared nothing: record sample_ids (the data "
@@ -169,6 +201,10 @@ def compare_topology(
     base_steps = reference.by_step()
     other_steps = other[0].by_step() if 0 in other else {}
     for key in sorted(keys):
+        far = _beyond_noise(key, base_steps, other_steps, steps)
+        if far is not None:
+            check.blind.append(far)
+            continue
         env = _envelope(key, base_steps, other_steps, res, first, steps, tolerance)
         if env is not None:
             check.envelopes.append(env)
@@ -215,6 +251,20 @@ def _deviation(a: Any, b: Any) -> Optional[float]:
     statistics, a watched object's fingerprints by their statistics), None when they hold no
     number or differ in something else (`noise.deviation`)."""
     return deviation(a, b) if split_value(a)[0] else None
+
+
+def _beyond_noise(key: str, base: Steps, other: Steps, steps: int) -> Optional[str]:
+    """Where the two uninterrupted runs hold a numeric value apart by more than noise
+    (`NOT_NOISE`, relative), in words; None when they do not."""
+    for step in range(1, steps + 1):
+        a, b = base.get(step, {}).get(key), other.get(step, {}).get(key)
+        found = _deviation(a, b)
+        if found is None:
+            return None
+        scale = max(magnitude(a), magnitude(b))
+        if found > NOT_NOISE * scale and found > 0:
+            return f"{key} relative {found / scale if scale else math.inf:.2g} at step {step}"
+    return None
 
 
 def _envelope(

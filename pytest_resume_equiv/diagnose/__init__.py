@@ -16,8 +16,9 @@ from typing import Optional
 from ..compare.diff import Comparison
 from ..rank.layout import WATCH, section_of
 from ..signature import Signature
-from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore
+from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
+from .classes import DATA_ORDER, DATALOADER_WORKERS
 from .evidence import Diagnosis, Evidence
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
@@ -33,11 +34,11 @@ def diagnose(
         return None
     ev = Evidence.of(cmp, base, res)
     if cmp.divergence is None:
-        return checkpoint_rewritten(ev)
+        return other_checkpoint(ev) or checkpoint_rewritten(ev)
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
     if found is None:
         found = classify_at_step(ev)
-        if found.bug_class in ("data order", "dataloader workers"):
+        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS):
             lead = drawn_before_restore(ev)
             if lead:
                 found.notes.append(lead)

@@ -1,7 +1,8 @@
 """Causes read at the resume point: what the checkpoint restored, compared with the
 uninterrupted run at the same program point, before any resumed step has mixed the effects.
 
-In time order: the checkpoint itself (written again after the save?), then the state right
+In time order: the checkpoint itself (another step's loaded? written again after the
+save?), then the state right
 before the first resumed step, object by object (left in the wrong mode; restored from
 another rank or another step; at reduced precision; partly; not at all; restored and then
 advanced by draws; re-seeded after the load), each read with the restore log. Each cause
@@ -13,11 +14,24 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..rank.layout import watched, watched_part
+from ..rank.layout import target_file, watched, watched_part
 from ..rank.restore import is_seed
 from .causes import OBJECT_RULES, STREAM_RULES, stream_words
+from .classes import (
+    ANOTHER_STEPS_CHECKPOINT,
+    LEFT_IN_THE_WRONG_MODE,
+    RESTORED_FROM_ANOTHER_STEP,
+    TORN_CHECKPOINT,
+)
 from .evidence import Diagnosis, Evidence, touches
-from .subject import equal_to_step, names, point_differences, point_value, subjects
+from .subject import (
+    equal_to_step,
+    names,
+    point_differences,
+    point_value,
+    same_place,
+    subjects,
+)
 
 
 def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
@@ -59,7 +73,7 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
                 f"had changed the tensors{state}. Fix: finish the save (or copy the state it "
                 "writes) before the next step: a background or asynchronous save must not read "
                 "tensors the training goes on updating",
-                "torn checkpoint",
+                TORN_CHECKPOINT,
             )
         if again:
             writer, event = again[0]
@@ -69,8 +83,59 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
                 f"after step {event['after_step']}), before the resumed run loaded it: the "
                 f"resumed run loaded a later save to the same path{state}. Fix: put {{split}} in "
                 'the checkpoint path (one checkpoint per split), or use interrupt="stop"',
-                "restored from another step",
+                RESTORED_FROM_ANOTHER_STEP,
             )
+    return None
+
+
+def other_checkpoint(ev: Evidence) -> Optional[Diagnosis]:
+    """The resumed run read the checkpoint of another step than the one the test gave it (the
+    newest folder, a `latest` pointer that moved on, a step computed wrongly): its restore log
+    read files outside the given checkpoint that the uninterrupted run wrote after another
+    step, and what it restored equals that step's state. Before every rule about a stream or
+    an object: each of them differs only because all of them came from another step."""
+    written: dict[str, int] = {}
+    for sig in ev.base_sigs.values():
+        for event in sig.files:
+            for path in (event.get("path"), event.get("to")):
+                if path and isinstance(event.get("after_step"), int):
+                    written[os.path.realpath(path)] = event["after_step"]
+    for rank in sorted(ev.res_sigs):
+        _, res = ev.points(rank)
+        given = ((res or {}).get("checkpoint") or {}).get("path")
+        if not given:
+            continue
+        given = os.path.realpath(given)
+        log = ev.restores(rank)[: (res or {}).get("restores", len(ev.restores(rank)))]
+        elsewhere, inside = [], 0
+        for entry in log:
+            path = target_file(entry["what"])
+            real = os.path.realpath(path) if path else None
+            if real is None:
+                continue
+            if real == given or real.startswith(given.rstrip(os.sep) + os.sep):
+                inside += 1
+            elif written.get(real, ev.split) != ev.split:
+                elsewhere.append((entry, real, written[real]))
+        if not elsewhere:
+            continue
+        entry, path, step = elsewhere[-1]
+        same = equal_to_step(ev, rank) or equal_to_step(ev, rank, part="state")
+        if same != step and inside:
+            continue  # it read the given checkpoint too, and nothing says it used the other
+        state = (
+            f"; what it restored equals the uninterrupted run's state after step {same}"
+            if same == step
+            else ""
+        )
+        return Diagnosis(
+            f"rank {rank}: loaded the checkpoint of step {step}, not the one of step {ev.split}: "
+            f"the restore log read {path} ({entry['call']} at {entry['at']}), which the "
+            f"uninterrupted run wrote after step {step}, while the resume was pointed at "
+            f"{given}{state}. Fix: load the checkpoint the resume was pointed at ({given}); a "
+            "newest folder or a `latest` pointer moves on as later checkpoints are written",
+            ANOTHER_STEPS_CHECKPOINT,
+        )
     return None
 
 
@@ -78,13 +143,6 @@ def _event_words(event: dict) -> str:
     op, path = event["op"], os.path.basename(event.get("path", ""))
     to = f" -> {os.path.basename(event['to'])}" if event.get("to") else ""
     return f"{op}({path}{to})"
-
-
-def same_place(base: Optional[dict], res: Optional[dict]) -> bool:
-    """Whether two resume-point snapshots were taken at the same program point (the same
-    `resume_point()` line, or the first forward at the same line): only then do their train/
-    eval flags say anything about the restore (an eval's forward is in eval mode)."""
-    return base is not None and res is not None and base.get("at") == res.get("at")
 
 
 def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
@@ -104,7 +162,7 @@ def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
                 f"eval mode in the {run} run only. Fix: give every module the mode the "
                 "uninterrupted run has there (model.train() after loading, or save and restore "
                 "the flags the training changes)",
-                "left in the wrong mode",
+                LEFT_IN_THE_WRONG_MODE,
             )
     return None
 
@@ -127,7 +185,7 @@ def state_at_resume(ev: Evidence) -> Optional[Diagnosis]:
     return None
 
 
-RESUME_RULES = (checkpoint_rewritten, wrong_mode, state_at_resume)
+RESUME_RULES = (other_checkpoint, checkpoint_rewritten, wrong_mode, state_at_resume)
 
 
 def drawn_before_restore(ev: Evidence) -> str:

@@ -12,6 +12,7 @@ from typing import Optional
 from ..compare.accounting import is_identity_key
 from ..rank.layout import (
     DEVICE_KINDS,
+    RNG,
     WATCH,
     generator_site,
     is_audit_key,
@@ -22,7 +23,30 @@ from ..rank.layout import (
     watched,
     watched_part,
 )
+from ..signature import scalar
 from .causes import stream_words
+from .classes import (
+    BUFFERS,
+    COMPUTED_DIFFERENTLY,
+    DATA_ORDER,
+    DATALOADER_WORKERS,
+    DEVICE_RNG,
+    GRADIENT_ACCUMULATION,
+    LR_SCHEDULER_MISSING,
+    LR_SCHEDULER_OFF_BY_ONE,
+    MASTER_WEIGHTS,
+    OPTIMIZER_STATE,
+    OWNED_GENERATOR,
+    PER_RANK_RNG_COLLAPSED,
+    SKIPPED_AGAIN,
+    TORN_CHECKPOINT,
+    TRAIN_EVAL_FLAGS,
+    UNAUDITED_INPUT,
+    UNAUDITED_STATE,
+    WATCHED_STATE,
+    rng_before_iterator,
+    rng_stream,
+)
 from .evidence import (
     ROUNDING,
     Diagnosis,
@@ -36,7 +60,8 @@ from .evidence import (
     optimizer_steps_differ,
     scheduler_restarted,
 )
-from .subject import point_value
+from .replay import replayed_epoch
+from .subject import held_at_resume, point_value
 
 CORE_STREAMS = ("cpu", *DEVICE_KINDS)
 """torch's own streams: the CPU's and each device's default generator."""
@@ -59,7 +84,7 @@ def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
                 "generators match: its state was not restored (a module or sampler owns a "
                 "torch.Generator and re-seeds it when constructed). Fix: save its state and load "
                 "it after building it, generator.get_state() / generator.set_state()",
-                "owned generator",
+                OWNED_GENERATOR,
             )
     return None
 
@@ -75,7 +100,7 @@ def _seeded_from_parent(ev: Evidence, rank: int, key: str) -> Diagnosis:
         "it). Fix: restore it to the state saved before the epoch's iterator started, before "
         "starting the iterator again, or give the DataLoader a generator of its own "
         "(DataLoader(generator=g)) and save and restore g's state",
-        f"{stream_kind(parent)} RNG before the iterator started",
+        rng_before_iterator(stream_kind(parent)),
     )
 
 
@@ -84,10 +109,20 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
     stream_words = {
         "cpu": (
             "the CPU RNG (torch default generator)",
-            "torch.get_rng_state() not saved, or manual_seed called again after loading",
+            "torch.get_rng_state() not saved, or manual_seed called again after loading. Fix: "
+            "save torch.get_rng_state() with the checkpoint and torch.set_rng_state() it after "
+            "every seeding",
         ),
-        "numpy": ("numpy's global RNG", "np.random.get_state() not saved and restored"),
-        "python": ("Python's random module", "random.getstate() not saved and restored"),
+        "numpy": (
+            "numpy's global RNG",
+            "np.random.get_state() not saved and restored. Fix: save np.random.get_state() "
+            "and np.random.set_state() it after loading",
+        ),
+        "python": (
+            "Python's random module",
+            "random.getstate() not saved and restored. Fix: save random.getstate() and "
+            "random.setstate() it after loading",
+        ),
     }
     for kind in (*CORE_STREAMS, "numpy", "python"):
         for rank, keys in ev.differing.items():
@@ -100,20 +135,23 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
             if other is not None:
                 return Diagnosis(
                     f"{ev.where(rank)}: after the resume, rank {rank}'s {name} RNG state equals rank "
-                    f"{other}'s: one rank's RNG state was loaded into another (save each rank's "
-                    "own, keyed by its global rank, not its local rank; a checkpoint file that "
-                    "only rank 0 writes holds only rank 0's)",
-                    "per-rank RNG collapsed",
+                    f"{other}'s: one rank's RNG state was loaded into another (a checkpoint file "
+                    "that only rank 0 writes holds only rank 0's). Fix: save each rank's own "
+                    "state, keyed by its global rank, not its local rank",
+                    PER_RANK_RNG_COLLAPSED,
                 )
             if name in stream_words:
                 what, why = stream_words[name]
                 return Diagnosis(
-                    f"{ev.where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
+                    f"{ev.where(rank)}: {what} differs: it was not restored ({why})",
+                    rng_stream(name),
                 )
             return Diagnosis(
                 f"{ev.where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
-                f"(torch.{kind}.get_rng_state_all() not saved, or only the current device restored)",
-                "device RNG",
+                f"(torch.{kind}.get_rng_state_all() not saved, or only the current device "
+                f"restored). Fix: save torch.{kind}.get_rng_state_all() and restore every "
+                f"device's with torch.{kind}.set_rng_state_all()",
+                DEVICE_RNG,
             )
     return None
 
@@ -126,8 +164,10 @@ def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
             return Diagnosis(
                 f"{ev.where(rank)}: the optimizer and the LR scheduler stepped a different number of "
                 "times (the optimizer's step count differs): the gradient-accumulation micro-step "
-                "counter or the partially accumulated gradients were not restored",
-                "gradient accumulation",
+                "counter or the partially accumulated gradients were not restored. Fix: save "
+                "the micro-step counter (and the accumulated gradients, or checkpoint only at "
+                "an optimizer step) and restore them",
+                GRADIENT_ACCUMULATION,
             )
     return None
 
@@ -140,25 +180,31 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
             continue
         which = split_key(lr[0])[1]
         restarted = scheduler_restarted(ev.base, ev.res, rank, ev.step, ev.split)
+        rates = [k for k in lr if watched_part(k) in ("lr", "last_lr")]
+        warmup = " (its warmup restarted)" if rates and _warms_up(ev, rank, rates[0]) else ""
         if restarted is True:
             return Diagnosis(
                 f"{ev.where(rank)}: the learning rate differs ({which}) and the scheduler counts "
                 "its steps from the resume, not from the start: the LR scheduler was not "
-                "restored (warmup restarted)",
-                "LR scheduler missing",
+                f"restored{warmup}. Fix: save scheduler.state_dict() with the checkpoint and "
+                "load it after building the scheduler",
+                LR_SCHEDULER_MISSING,
             )
         shift = lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
         if restarted is False or shift is not None:
             return Diagnosis(
                 f"{ev.where(rank)}: the learning rate is shifted by one step ({which}): the "
                 "scheduler was saved before its step, or rebuilt/stepped after the optimizer "
-                "state was loaded",
-                "LR scheduler off by one",
+                "state was loaded. Fix: save the scheduler after its step, and do not step it "
+                "after load_state_dict",
+                LR_SCHEDULER_OFF_BY_ONE,
             )
         return Diagnosis(
             f"{ev.where(rank)}: the learning rate differs ({which}) before any other watched "
-            "state explains it: the LR scheduler was not restored (warmup restarted?)",
-            "LR scheduler missing",
+            f"state explains it: the LR scheduler was not restored{warmup}. Fix: save "
+            "scheduler.state_dict() with the checkpoint and load it after building the "
+            "scheduler",
+            LR_SCHEDULER_MISSING,
         )
     return None
 
@@ -177,12 +223,7 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
             again = _skipped_again(ev, rank, differing_ids[0])
             if again is not None:
                 return again
-            return Diagnosis(
-                f"{ev.where(rank)}: sample ids differ ({differing_ids[0]}) while every audited RNG "
-                "stream matches: the data order was not restored (sampler epoch or permutation, "
-                "or the number of batches skipped after resuming)",
-                "data order",
-            )
+            return _data_order(ev, rank, differing_ids[0])
         recorded_ids = [
             k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_identity_key(k)
         ]
@@ -191,10 +232,51 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
             return Diagnosis(
                 f"{ev.where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
                 f"({recorded_ids[0]}) and every audited RNG stream match: dataloader worker seeds "
-                "(derived from a main-process RNG when the iterator is made) were not restored",
-                "dataloader workers",
+                "(derived from a main-process RNG when the iterator is made) were not restored. "
+                "Fix: restore the RNG the loader draws its base seed from before the iterator "
+                "starts (or give the DataLoader a generator of its own, saved and restored)",
+                DATALOADER_WORKERS,
             )
     return None
+
+
+def _warms_up(ev: Evidence, rank: int, key: str) -> bool:
+    """Whether the uninterrupted run's learning rate (`key`) rises over its first steps: only
+    then can a restarted schedule be called a restarted warmup."""
+    values = [scalar_of(ev.base[rank].get(s, {}).get(key)) for s in sorted(ev.base[rank])[:3]]
+    numbers = [v for v in values if v is not None]
+    return len(numbers) >= 2 and all(a < b for a, b in zip(numbers, numbers[1:]))
+
+
+def scalar_of(value: object) -> Optional[float]:
+    """The first number of a recorded learning rate (a list per parameter group, or one)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return scalar(value)
+
+
+def _data_order(ev: Evidence, rank: int, key: str) -> Diagnosis:
+    """Sample ids differ while every audited stream matches: from the data alone, a replay of
+    an earlier epoch's place (the shuffle re-seeded or never saved), or another order."""
+    replay = replayed_epoch(ev, rank, key)
+    if replay:
+        return Diagnosis(
+            f"{ev.where(rank)}: {replay}: sample ids differ ({key}) while every audited RNG "
+            "stream matches, so the resumed epoch was shuffled as an earlier one: the sampler "
+            "epoch or permutation was not restored. Fix: restore the sampler's epoch before "
+            "iterating (set_epoch(saved_epoch)) when its shuffle is seeded by the epoch; "
+            "otherwise save the shuffling generator's state from before the epoch's "
+            "permutation was drawn and set it before the iterator starts",
+            DATA_ORDER,
+        )
+    return Diagnosis(
+        f"{ev.where(rank)}: sample ids differ ({key}) while every audited RNG stream matches: "
+        "the data order was not restored (the sampler's epoch or permutation, or the number "
+        "of batches skipped after resuming). Fix: restore the loader's state before "
+        "iterating (its epoch, its shuffling generator, and skip exactly the batches the "
+        "saved steps consumed), or record the loader with watch() and the report names which",
+        DATA_ORDER,
+    )
 
 
 def _prefetched(ev: Evidence, rank: int, inputs: list[str]) -> Optional[Diagnosis]:
@@ -219,7 +301,7 @@ def _prefetched(ev: Evidence, rank: int, inputs: list[str]) -> Optional[Diagnosi
                 "end of the step before) and is not in it. Fix: skip exactly the batches "
                 "consumed, and save a prefetched batch (or its indices) with the checkpoint, or "
                 "fetch each batch at the top of its own step",
-                "data order",
+                DATA_ORDER,
             )
     return None
 
@@ -242,7 +324,7 @@ def _skipped_again(ev: Evidence, rank: int, key: str) -> Optional[Diagnosis]:
         "by a persistent dataloader worker that keeps the restored per-worker state into the "
         "next epoch. Fix: apply the resume's skip once and reset it in the worker (or restart "
         "the workers after the first epoch)",
-        "skipped again",
+        SKIPPED_AGAIN,
     )
 
 
@@ -255,8 +337,10 @@ def _modes(ev: Evidence) -> Optional[Diagnosis]:
                 flipped = sorted(set(a) ^ set(b))
                 return Diagnosis(
                     f"{ev.where(rank)}: module train/eval flags differ ({', '.join(flipped)} in eval mode "
-                    "in one run only): a submodule's mode is not the same after the resume",
-                    "train/eval flags",
+                    "in one run only): a submodule's mode is not the same after the resume. Fix: "
+                    "call model.train() after loading (and after any eval), or save and restore "
+                    "the flags the training changes",
+                    TRAIN_EVAL_FLAGS,
                 )
     return None
 
@@ -290,8 +374,9 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
                 "already differ at the first resumed step while every RNG stream, the learning "
                 "rate and the data match: the loaded weights are not the weights at save time (an "
                 "asynchronous or torn checkpoint written after the tensors changed, or the wrong "
-                "checkpoint loaded)",
-                "torn checkpoint",
+                "checkpoint loaded). Fix: load the checkpoint saved at the split, and finish "
+                "(or copy the state of) a save before the next step changes the tensors",
+                TORN_CHECKPOINT,
             )
     return None
 
@@ -306,8 +391,9 @@ def _unseen_input(ev: Evidence, rank: int, user: list[str]) -> Diagnosis:
         f"match the uninterrupted run, yet {', '.join(user)} already differ at the first resumed "
         "step: an input the audit does not see differs, such as the samples' content "
         "(augmentation drawn in dataloader workers, which a resume re-seeds) or an unwatched "
-        "object. Record the batch's content (e.g. x=batch) or watch() the object to tell",
-        "unaudited input",
+        "object. Fix: record the batch's content (e.g. x=batch) or watch() the object, and the "
+        "report names which",
+        UNAUDITED_INPUT,
     )
 
 
@@ -321,8 +407,10 @@ def _buffers(ev: Evidence) -> Optional[Diagnosis]:
                 )
                 return Diagnosis(
                     f"{ev.where(rank)}: buffer {name} of {watched(key)[0]} differs: buffers (e.g. BatchNorm "
-                    "running statistics) were not saved/restored, or saved from rank 0 only",
-                    "buffers",
+                    "running statistics) were not saved/restored, or saved from rank 0 only. Fix: "
+                    "save and load the whole state_dict(), buffers included, from every rank "
+                    "that holds its own",
+                    BUFFERS,
                 )
     return None
 
@@ -342,8 +430,9 @@ def _master_weights(ev: Evidence) -> Optional[Diagnosis]:
                 return Diagnosis(
                     f"{ev.where(rank)}: the optimizer's own copies of the parameters (master weights) "
                     f"differ only at rounding level (relative {gap:.1e}): fp32 master weights were "
-                    "rebuilt from the low-precision model weights instead of being saved",
-                    "master weights",
+                    "rebuilt from the low-precision model weights instead of being saved. Fix: "
+                    "save the optimizer's fp32 master weights and load them back",
+                    MASTER_WEIGHTS,
                 )
     return None
 
@@ -359,8 +448,10 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                 )
                 return Diagnosis(
                     f"{ev.where(rank)}: the optimizer state differs ({name}): moments or step "
-                    "counts were not saved, or were reset after loading",
-                    "optimizer state",
+                    "counts were not saved, or were reset after loading. Fix: save "
+                    "optimizer.state_dict() after the optimizer step and load it after building "
+                    "the optimizer (not before a reset or a re-creation)",
+                    OPTIMIZER_STATE,
                 )
     for rank, keys in ev.differing.items():
         for key in keys:
@@ -371,8 +462,9 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
             if obj != "model" and not is_optimizer(ev.base[rank][ev.step], obj) and section != "lr":
                 return Diagnosis(
                     f"{ev.where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
-                    "state was not saved or not restored (an EMA, loss scaler or similar)",
-                    "watched state",
+                    "state was not saved or not restored (an EMA, loss scaler or similar). Fix: "
+                    f"save '{obj}''s state_dict() with the checkpoint and load it back",
+                    WATCHED_STATE,
                 )
     for rank, keys in ev.differing.items():
         params = [k for k in keys if watched_part(k) == "params"]
@@ -382,8 +474,10 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
             )
             return Diagnosis(
                 f"{ev.where(rank)}: parameters differ ({name}) although the recorded values matched: "
-                "the optimizer state (moments, step count) was not restored exactly",
-                "optimizer state",
+                "the optimizer state (moments, step count) was not restored exactly. Fix: save "
+                "optimizer.state_dict() after the optimizer step and load it back; watch() the "
+                "optimizer to see which entry",
+                OPTIMIZER_STATE,
             )
     return None
 
@@ -395,8 +489,9 @@ def _unaudited(ev: Evidence) -> Diagnosis:
     return Diagnosis(
         f"{ev.where(rank)}: recorded values differ ({', '.join(user)}) while every audited RNG stream "
         "and watched state matches: state the audit does not see was not restored (data "
-        "loader position, per-rank counters, a custom object); record its inputs or watch() it",
-        "unaudited state",
+        "loader position, per-rank counters, a custom object). Fix: save and restore that state; "
+        "record its inputs or watch() it, and the report names which",
+        UNAUDITED_STATE,
     )
 
 
@@ -416,7 +511,51 @@ STEP_RULES = (
 changes everything computed after it, so those come before parameters and recorded values."""
 
 
+def _computed_differently(ev: Evidence) -> Diagnosis:
+    """Everything audited matched at the resume point, yet a resumed step computed something
+    else: the cause is in what the audit did not see, never in how a watched object or an
+    audited stream was saved or restored (that would contradict the resume point)."""
+    rank, keys = next(iter(ev.differing.items()))
+    _, res = ev.points(rank)
+    watched_objects = sorted({k.rpartition(".")[0] for k in (res or {}).get(WATCH, {})})
+    streams = len((res or {}).get(RNG, {}))
+    seen = ", ".join(f"'{o}'" for o in watched_objects) or "no watched object"
+    which = (
+        "the first resumed step"
+        if ev.step == ev.split + 1
+        else f"step {ev.step} (the steps before it matched)"
+    )
+    user = [k for k in keys if not is_audit_key(k)] or keys
+    device = str(ev.res_sigs[rank].header.get("device") or "cpu") if rank in ev.res_sigs else "cpu"
+    noise = (
+        ""
+        if device == "cpu"
+        else " On an accelerator a fresh process may also pick other kernels: the noise "
+        "verdict says whether this is within the measured noise."
+    )
+    return Diagnosis(
+        f"{ev.where(rank)}: everything restored matched the uninterrupted run bit for bit at "
+        f"the resume point ({seen} and {streams} random streams, at {(res or {}).get('at')}), "
+        f"yet {which} computed differently ({', '.join(user[:4])}): the difference is in state "
+        "the audit did not see, not in how the watched state was saved or restored. Look at: "
+        "modules and buffers not given to watch(), gradient-accumulation buffers, caches and "
+        "running statistics kept outside the watched objects (a loss normalizer, a feature or "
+        f"KV cache), counters and flags of the training loop.{noise} Fix: save and restore "
+        "that state with the checkpoint; watch() the object you suspect (or record its "
+        "value) and the report names it",
+        COMPUTED_DIFFERENTLY,
+    )
+
+
+HELD_RULES = (_accumulation, _data)
+"""When the resume point held: only the rules that do not blame an audited object's save or
+restore (the gradient-accumulation state and the data order are not audited objects)."""
+
+
 def classify_at_step(ev: Evidence) -> Diagnosis:
+    if held_at_resume(ev):
+        found = next((d for d in (rule(ev) for rule in HELD_RULES) if d is not None), None)
+        return found or _computed_differently(ev)
     for rule in STEP_RULES:
         found = rule(ev)
         if found is not None:

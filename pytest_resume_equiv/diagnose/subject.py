@@ -47,6 +47,26 @@ def point_differences(ev: Evidence, rank: int) -> list[str]:
     return keys
 
 
+def same_place(base: Optional[dict], res: Optional[dict]) -> bool:
+    """Whether two resume-point snapshots were taken at the same program point (the same
+    `resume_point()` line, or the first forward at the same line): only then do their train/
+    eval flags say anything about the restore (an eval's forward is in eval mode)."""
+    return base is not None and res is not None and base.get("at") == res.get("at")
+
+
+def held_at_resume(ev: Evidence) -> bool:
+    """Whether every rank's resume point matched bit for bit (the gate held): both runs took
+    their snapshot at the same place and every audited value there is equal. Then no later
+    difference can be blamed on how an audited object was saved or restored."""
+    if not ev.res_sigs:
+        return False
+    for rank in ev.res_sigs:
+        base, res = ev.points(rank)
+        if not same_place(base, res) or point_differences(ev, rank):
+            return False
+    return True
+
+
 class Subject:
     """One thing that differs at the resume point: a random stream, or a watched object with
     the sections of it that differ; and what the restore log says about it."""

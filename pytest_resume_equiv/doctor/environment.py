@@ -14,7 +14,6 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from ..launch.devices import (
     DeviceUnavailable,
     HostProbe,
     Importer,
+    ask_child,
     backend_for,
     select_device,
     visible_ids,
@@ -150,19 +150,10 @@ def device_facts(kind: str, import_module: Importer = importlib.import_module) -
 
 def facts_in_child(kind: str) -> DeviceFacts:
     """`device_facts` in a child process that exits afterwards; [] when it cannot answer."""
+    rows = ask_child(["-m", __name__, kind], FACTS_WAIT) or []
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", __name__, kind],
-            capture_output=True,
-            text=True,
-            timeout=FACTS_WAIT,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        lines = done.stdout.strip().splitlines()
-        rows = json.loads(lines[-1]) if done.returncode == 0 and lines else []
         return [(str(n), tuple(m) if m else None) for n, m in rows]  # type: ignore[misc]
-    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError):
+    except (TypeError, ValueError):
         return []
 
 

@@ -198,20 +198,31 @@ def count_in_child(kind: str) -> int:
     the driver it initialises is not pytest's. Once per kind and visible-devices list."""
     key = (kind, ",".join(os.environ.get(v, "-") for v in visible_vars(kind, True)))
     if key not in _child_counts:
+        answer = ask_child(["-c", CHILD_CODE, kind], CHILD_PROBE_WAIT)
         try:
-            done = subprocess.run(
-                [sys.executable, "-c", CHILD_CODE, kind],
-                capture_output=True,
-                text=True,
-                timeout=CHILD_PROBE_WAIT,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-            lines = done.stdout.strip().splitlines()
-            _child_counts[key] = int(json.loads(lines[-1])) if done.returncode == 0 and lines else 0
-        except (OSError, subprocess.TimeoutExpired, ValueError):
+            _child_counts[key] = int(answer) if answer is not None else 0
+        except (TypeError, ValueError):
             _child_counts[key] = 0  # a stack that cannot even answer is "no device"
     return _child_counts[key]
+
+
+def ask_child(args: list[str], timeout: float) -> Optional[object]:
+    """What a child Python (`sys.executable` with `args`) prints as JSON on its last line, or
+    None when it fails, hangs past `timeout` or prints no JSON. The child, not this process,
+    initialises whatever driver it touches."""
+    try:
+        done = subprocess.run(
+            [sys.executable, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if done.returncode == 0 and lines else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
 
 
 def count_here(kind: str, import_module: Importer = importlib.import_module) -> int:

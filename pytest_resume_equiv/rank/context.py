@@ -24,11 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .auto import AutoRecorder, Step, batch_fingerprint, counters
 from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
-from .fingerprint import one_transfer
+from .fingerprint import Later, deferred, one_transfer
 from .layout import (
+    AUTO,
     CONTEXT_ENV,
     RNG,
     WATCH,
@@ -88,6 +90,10 @@ class LaunchContext:
     crash: Optional[dict[str, Any]] = None
     """interrupt="crash": the point of the save at which every rank is killed
     (`rank/crash.py`)."""
+    auto: bool = False
+    """Automatic recording (rank/auto.py): a step line per optimizer step with no `record`
+    call, and the loss, data, optimizers and schedulers beside the explicit values. False:
+    only the trainer's explicit calls are recorded."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -211,6 +217,14 @@ class RankState:
         self.early_files: list[Event] = []
         """File events before the signature was opened (written right after its header)."""
         self.crasher: Optional[Crasher] = None
+        self.auto: Optional[AutoRecorder] = None
+        """Automatic recording, when the launch has it on (installed with the rest)."""
+        self.explicit = False
+        """The trainer called `record`: it numbers the steps, automatic values go beside."""
+        self.carried: list[Step] = []
+        """Automatic steps taken since the last explicit `record` (their values go in it)."""
+        self.step_auto: dict[str, Any] = {}
+        """The automatic values of the step line being written (the `auto` section)."""
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
         self.point = ResumePoint(window)
 
@@ -229,13 +243,32 @@ class RankState:
                     for key, value in values.items()
                 }
             )
+        steps = list(self.carried)
+        self.carried.clear()
+        if self.auto is not None:
+            self.explicit = True
+            pending = self.auto.flush()
+            steps += [pending] if pending is not None else []
+        self.write_step(step, encoded, self._auto_values(steps))
+
+    def write_step(self, step: int, encoded: dict[str, Any], auto: dict[str, Any]) -> None:
+        """One step line (the trainer's values and the automatic ones), then what the step
+        means for the resume point and the teeth check."""
+        ctx = self.context
+        assert ctx is not None
         writer = self.open()
         if writer.records == 0:  # the training has set its knobs by its first step
             writer.preflight(preflight_capture())
         self.write_pending_point()
         if self.crasher is not None:
             self.crasher.on_record(step)
-        writer.write_step(step, encoded, self.capture())
+        self.step_auto = auto
+        try:
+            sections = self.capture()
+        finally:
+            self.step_auto = {}
+        found = counters(self.auto.found) if self.auto is not None else {}
+        writer.write_step(step, encoded, sections, found)
         self.restores.after_step = self.files.after_step = step
         self.point.after_record(step, ctx.resuming, ctx.splits)
         if ctx.phase == "teeth" and writer.records == 1:
@@ -244,6 +277,48 @@ class RankState:
             # state at all.
             with self.restores.unlogged():
                 mutate(self.generators)
+
+    def _auto_step(self, step: Step) -> None:
+        """A step automatic recording saw complete: its own line, unless the trainer numbers
+        the steps itself (`record`), which then carries its values."""
+        ctx = self.context
+        assert ctx is not None
+        if self.explicit:
+            self.carried.append(step)
+            return
+        number = step.number + (ctx.split if ctx.resuming else 0)
+        self.write_step(number, {}, self._auto_values([step]))
+
+    def _auto_values(self, steps: list[Step]) -> dict[str, Any]:
+        """The `auto` section of a step line made of `steps` (several when the trainer's
+        `record` comes less often than its optimizer steps)."""
+        if self.auto is None:
+            return {}
+        with one_transfer() as batch:  # the losses and inputs left on a device: one copy
+            held = batch.resolve(
+                {
+                    "loss": [_deferred(v) for s in steps for v in s.losses],
+                    "data": [
+                        [(w, _deferred(f)) for w, f in inputs] for s in steps for inputs in s.inputs
+                    ],
+                }
+            )
+        out: dict[str, Any] = {}
+        if held["loss"]:
+            out["loss"] = held["loss"]
+        if held["data"]:
+            out["data"] = [batch_fingerprint(inputs) for inputs in held["data"]]
+        if steps and all(s.skipped for s in steps):
+            out["skipped"] = True
+        return out
+
+    def _first_step(self) -> None:
+        """Before the first optimizer step of a resumed launch: the counters its load
+        restored, which say which step the checkpoint is of."""
+        ctx = self.context
+        if ctx is not None and ctx.resuming and self.auto is not None:
+            found = counters(self.auto.found, before_step=True)
+            self.open().loaded({"split": ctx.split, "counters": found})
 
     def watch(self, objects: Mapping[str, Any]) -> None:
         if self.context is not None:
@@ -348,6 +423,10 @@ class RankState:
         state that says training is over) takes its resume point now; then the footer."""
         ctx = self.context
         open_now = self.writer is not None and self.writer.is_open
+        if open_now and self.auto is not None:
+            last = self.auto.flush()
+            if last is not None and not self.explicit:
+                self._auto_step(last)
         if open_now:
             self.write_pending_point()
         if ctx is not None and open_now and ctx.resuming and self.point.armed is not None:
@@ -386,6 +465,12 @@ class RankState:
         self.restores.after_import("safetensors.torch", self.files.install_safetensors)
         if ctx.resuming:
             self.restores.listeners.append(self.point.on_restore)
+        if ctx.auto and "torch" in sys.modules:
+            # before the resume point's forward hook: a step written at a forward arms it
+            self.auto = AutoRecorder(self._auto_step)
+            self.auto.first_step_seen = self._first_step
+            self.auto.install()
+            self.watched.found = self.auto.found.named
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
 
     def _npu_arrived(self, seed: Optional[int]) -> None:
@@ -400,6 +485,8 @@ class RankState:
     def uninstall(self) -> None:
         """Undo `install` (a rank never needs it; an in-process test does)."""
         self.point.uninstall()
+        if self.auto is not None:
+            self.auto.uninstall()
         self.files.uninstall()
         self.restores.uninstall()
         self.restores.listeners.clear()
@@ -409,9 +496,14 @@ class RankState:
 CAPTURES: dict[str, Capture] = {
     RNG: lambda state: streams(state.generators),
     WATCH: lambda state: state.watched.audit(),
+    AUTO: lambda state: state.step_auto,
 }
 """The capture function of every section layout.SECTIONS declares: a new section of a step
 line (a GradScaler's scale, an EMA, FP8 scaling state) is one entry there and one here."""
+
+
+def _deferred(value: Any) -> Any:
+    return deferred(value) if isinstance(value, Later) else value
 
 
 def _checkpoint_of(ctx: RunContext, split: int) -> Optional[str]:

@@ -229,6 +229,9 @@ def read_status(run_dir: str, rank: int) -> Optional[RankStatus]:
 STEP = "step"
 VALUES = "values"
 """A step line's own keys: the step number, and the user's recorded values."""
+COUNTERS = "counters"
+"""A step line's step counters with automatic recording (`{"optimizer": 4, "lr_scheduler":
+4}`): not compared, read against a resumed launch's LOADED line."""
 
 RESTORE = "restore"
 """A restore-log entry (`{"call", "what", "at", "after_step"}`), written before the next line."""
@@ -241,9 +244,12 @@ PREFLIGHT = "preflight"
 FILE_EVENT = "file_event"
 """A file the training wrote, renamed, linked or deleted (`rank/files.py`), written at once
 (a rank killed in a save leaves the events before the kill)."""
+LOADED = "loaded"
+"""Automatic recording in a resumed launch: the step counters the load restored (optimizer
+`step`, scheduler `last_epoch`), read before the first optimizer step (rank/auto.py)."""
 END = "end"
 """The footer (`{"records": N}`): the rank finished recording and closed the file."""
-LINE_KINDS = (END, RESTORE, RESUME_POINT, IGNORED, PREFLIGHT, FILE_EVENT)
+LINE_KINDS = (END, RESTORE, RESUME_POINT, IGNORED, PREFLIGHT, FILE_EVENT, LOADED)
 """The lines that are not steps, each `{kind: payload}`."""
 
 
@@ -268,6 +274,7 @@ class Section:
 
 RNG = "rng"
 WATCH = "watch"
+AUTO = "auto"
 SECTIONS = (
     Section(
         RNG,
@@ -278,6 +285,12 @@ SECTIONS = (
         WATCH,
         "the watched objects' fingerprints, as `<object>.<part>` (model.params, optimizer.lr)",
         fingerprints=True,
+    ),
+    Section(
+        AUTO,
+        "what automatic recording saw in the step (rank/auto.py): `loss` (one value per "
+        "backward), `data` (one input fingerprint per micro-batch), `skipped` (no optimizer "
+        "step ran)",
     ),
 )
 
@@ -306,6 +319,13 @@ def section_of(key: str) -> str:
 def is_audit_key(key: str) -> bool:
     """A key the in-rank audit added (`rng:...`, `watch:...`), not one the user recorded."""
     return section_of(key) != ""
+
+
+def is_training_value(key: str) -> bool:
+    """A value of the training itself: one the trainer recorded, or the loss and input data
+    automatic recording saw (`auto:loss`, `auto:data`). What the teeth check compares: the
+    state audit (random streams, fingerprints of watched objects) is not."""
+    return section_of(key) in ("", AUTO)
 
 
 def is_fingerprint_key(key: str) -> bool:

@@ -15,9 +15,11 @@ import threading
 from typing import IO, Any, Callable, Optional
 
 from .layout import (
+    COUNTERS,
     END,
     FILE_EVENT,
     IGNORED,
+    LOADED,
     PREFLIGHT,
     RESTORE,
     RESUME_POINT,
@@ -92,17 +94,31 @@ class SignatureWriter:
         if self.file is not None:
             self._write({FILE_EVENT: event})
 
-    def write_step(self, step: int, values: dict[str, Any], sections: dict[str, Any]) -> None:
-        """The user's encoded `values` and the captured `sections` (an empty one is left out)."""
+    def write_step(
+        self,
+        step: int,
+        values: dict[str, Any],
+        sections: dict[str, Any],
+        counters: Optional[dict[str, int]] = None,
+    ) -> None:
+        """The user's encoded `values` and the captured `sections` (an empty one is left out),
+        and the step `counters` of the optimizers and schedulers found (not compared: they
+        tell which step a resumed run's checkpoint is of)."""
         if self.file is None:
             raise RuntimeError("record() called after the signature file was closed")
         line = {STEP: step, VALUES: values, **{k: v for k, v in sections.items() if v}}
+        if counters:
+            line[COUNTERS] = counters
         self._write(line)
         self.records += 1
 
     def preflight(self, knobs: dict[str, Any]) -> None:
         if self.file is not None:
             self._write({PREFLIGHT: knobs})
+
+    def loaded(self, found: dict[str, Any]) -> None:
+        if self.file is not None:
+            self._write({LOADED: found})
 
     def resume_point(self, snapshot: dict[str, Any]) -> None:
         if self.file is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .accelerate import checkpointed_objects, is_accelerator
 from .encode import encode, encode_float, state_fingerprint, tensor_fingerprint
@@ -38,6 +38,10 @@ class Watched:
 
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
+        self.found: Callable[[], dict[str, Any]] = dict
+        """The objects automatic recording found (rank/auto.py), audited beside the watched
+        ones: those a watched object already covers are left out, and a name the trainer
+        gave to another object goes to the found one with `auto_` before it."""
 
     def watch(self, **objects: Any) -> None:
         """Fingerprint these objects at every `record` from now on (None: stop watching)."""
@@ -53,6 +57,9 @@ class Watched:
         out: dict[str, Any] = {}
         for name, obj in self.objects.items():
             out.update(checkpointed_objects(obj) if is_accelerator(obj) else {name: obj})
+        for name, obj in self.found().items():
+            if not any(_covers(watched, obj) for watched in out.values()):
+                out[name if name not in out else f"auto_{name}"] = obj
         return out
 
     def name_of(self, obj: Any) -> str:
@@ -77,10 +84,10 @@ class Watched:
 
     def audit(self) -> dict[str, Any]:
         """`{"<object>.<part>": value}` for every watched object."""
-        if not self.objects:
+        objects = self.expanded()
+        if not objects:
             return {}
         torch = sys.modules["torch"]
-        objects = self.expanded()
         out: dict[str, Any] = {}
         # A parameter is watched through its module and its optimizer, and hashed once per
         # audit; never across audits, since a freed tensor's id can be reused.
@@ -91,6 +98,21 @@ class Watched:
                 for part, value in _parts(obj, torch, seen, names).items():
                     out[watched_name(name, part)] = value
             return batch.resolve(out)
+
+
+def _covers(watched: Any, found: Any) -> bool:
+    """Whether a watched object already audits a found one: the same object, the optimizer
+    a wrapper holds (accelerate's), or a module inside it or around it (DDP, FSDP)."""
+    if watched is found or getattr(watched, "optimizer", None) is found:
+        return True
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if isinstance(watched, torch.nn.Module) and isinstance(found, torch.nn.Module):
+        return any(m is found for m in watched.modules()) or any(
+            m is watched for m in found.modules()
+        )
+    return False
 
 
 def shard_norm(tensor: Any) -> float:

@@ -182,12 +182,12 @@ def test_a_preload_module_that_starts_a_thread_is_refused_by_name(tmp_path, monk
 
 # Follows torch 2.13: torch.cuda.is_available() calls torch._C._cuda_getDeviceCount(), which
 # poisons fork (torch/csrc/cuda/Module.cpp) but leaves is_initialized() False; the fake
-# (tests/fakes.py, FakeCuda) does the same in the server that imports this module.
+# (tests/fakes.py, FakeDeviceModule) does the same in the server that imports this module.
 POISONS_FORK = """
 import torch
-from fakes import FakeCuda
+from fakes import FakeDeviceModule
 
-torch.cuda = FakeCuda(2)
+torch.cuda = FakeDeviceModule("cuda", 2)
 torch.cuda.is_available()  # what many libraries do at import
 """
 

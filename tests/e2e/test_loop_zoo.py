@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CPU, section_of
+from helpers import CPU, gate_contradictions, section_of
 
 ZOO = Path(__file__).parent.parent / "zoo" / "loopzoo.py"
 TESTS = """
@@ -57,9 +57,14 @@ WRONG = ("wrong mode", "written again", "not on disk", "train/eval flags")
 def test_the_loop_zoo_names_each_cause_and_no_wrong_one(pytester):
     shutil.copy(ZOO, pytester.path / "loopzoo.py")
     pytester.makepyfile(test_loops=TESTS)
-    result = pytester.runpytest_subprocess(*CPU, "-rA", "-W", "always")
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        *CPU, "-rA", "-W", "always", f"--resume-equiv-report={report}"
+    )
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
+    # where the resume point held, no cause blames an audited object's save or restore
+    assert not gate_contradictions(report), gate_contradictions(report)
     assert "PASSED test_loops.py::test_exact" in text, section_of(text, "test_exact")
     assert "wrote to it again" not in text  # one save at the split: no rolling-path warning
     problems = []

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CPU, section_of
+from helpers import CPU, gate_contradictions, section_of
 
 ZOO = Path(__file__).parent.parent / "zoo" / "noisezoo.py"
 
@@ -51,9 +51,12 @@ def _module() -> str:
 def test_noisy_correct_trainers_pass_and_real_bugs_fail_with_their_cause(pytester):
     shutil.copy(ZOO, pytester.path / ZOO.name)
     pytester.makepyfile(test_noisy=_module())
-    result = pytester.runpytest_subprocess(*CPU, "-rA", "-v")
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-v", f"--resume-equiv-report={report}")
     text = result.stdout.str()
     assert "INTERNALERROR" not in text
+    # where the resume point held, no cause blames an audited object's save or restore
+    assert not gate_contradictions(report), gate_contradictions(report)
     problems = []
     for noise in NOISES:
         name = _name(noise, "none")

@@ -471,3 +471,216 @@ def test_a_cpu_rng_never_restored_is_named_before_the_sampler_generator_it_seeds
     )
     assert d.bug_class == "never restored"
     assert "the CPU RNG (torch's default generator) was never restored" in d.cause
+
+
+# Another step's checkpoint loaded (issue 30, item 2)
+
+
+def newest_folder_case(read, files, base_params_at_point=3):
+    """The uninterrupted run saves step 3 and step 6 (`files`); the resumed run was pointed at
+    step 3's folder and its restore log reads `read`; what it restored is step 6's state."""
+
+    def params(step):
+        return {"w": {"hash": f"h{step}", "norm": encode(float(step), "n")}}
+
+    def base_values(step):
+        return {"loss": float(step), "rng:cpu": f"c{step}", "watch:model.params": params(step)}
+
+    base = point(rng={"cpu": "c3"}, watch={"model.params": params(base_params_at_point)})
+    res = point(
+        rng={"cpu": "c6"},
+        watch={"model.params": params(6)},
+        restores=3,
+        checkpoint={"path": "/ckpt/step_3"},
+    )
+    log = [
+        restore("torch.load", f"file {read}", at="train.py:90"),
+        restore("Module.load_state_dict", "watch:model"),
+        restore("torch.set_rng_state", "rng:cpu", at="train.py:95"),
+    ]
+    return diagnosis(
+        base,
+        res,
+        log,
+        base_values=base_values,
+        res_values=lambda s: {
+            "loss": s + 3.0,
+            "rng:cpu": f"c{s + 3}",
+            "watch:model.params": params(s + 3),
+        },
+        files=files,
+    )
+
+
+SAVES = [
+    saved("torch.save", 3, 50, "/ckpt/step_3/state.pt"),
+    saved("torch.save", 6, 200, "/ckpt/step_6/state.pt"),
+]
+
+
+def test_a_checkpoint_of_a_later_step_is_named_before_the_rng_rules():
+    d = newest_folder_case("/ckpt/step_6/state.pt", SAVES)
+    assert d.bug_class == "another step's checkpoint loaded", d.cause
+    assert d.cause.startswith("rank 0: loaded the checkpoint of step 6, not the one of step 3")
+    assert "read /ckpt/step_6/state.pt (torch.load at train.py:90)" in d.cause
+    assert "equals the uninterrupted run's state after step 6" in d.cause
+    assert d.cause.count("Fix:") == 1
+    assert "Fix: load the checkpoint the resume was pointed at (/ckpt/step_3)" in d.cause
+    assert "CPU RNG" not in d.cause
+
+
+def test_reading_the_given_checkpoint_is_no_other_step():
+    d = newest_folder_case("/ckpt/step_3/state.pt", SAVES)
+    assert d.bug_class != "another step's checkpoint loaded"
+
+
+# Never contradict the resume point (issue 30, item 3)
+
+
+@pytest.mark.parametrize(
+    "differs",
+    [
+        {"watch:opt.state": {"0": {"step": 4, "exp_avg": "other"}}},
+        {"watch:model.buffers": {"bn.running_mean": {"hash": "other"}}},
+        {"rng:cpu": "other"},
+        {"watch:model.modes": ["drop"]},
+    ],
+    ids=["optimizer", "buffers", "cpu-rng", "modes"],
+)
+def test_an_object_that_matched_at_the_resume_point_is_never_blamed_on_its_restore(differs):
+    """The gate held (every audited value equal at the same place); at step 4 the loss and an
+    audited object differ: the first resumed step computed differently, nothing was restored
+    wrong."""
+    state = {"opt.state": {"0": {"step": 3, "exp_avg": "m3"}}, "opt.lr": [0.1]}
+    state |= {"model.params": {"w": {"hash": "w3"}}, "model.buffers": {}, "model.modes": []}
+
+    def base_values(step):
+        return {"loss": 1.0, "rng:cpu": f"c{step}", "watch:opt.lr": [0.1]}
+
+    def res_values(step):
+        return {**base_values(step), "loss": 2.0, **(differs if step == 4 else {})}
+
+    d = diagnosis(
+        point(watch=state),
+        point(watch=state, restores=2),
+        [LOAD, restore("Optimizer.load_state_dict", "watch:opt")],
+        base_values=base_values,
+        res_values=res_values,
+    )
+    assert d.bug_class == "computed differently after an exact resume", d.cause
+    assert "everything restored matched the uninterrupted run bit for bit" in d.cause
+    assert "the first resumed step computed differently (loss)" in d.cause
+    assert "gradient-accumulation buffers" in d.cause and d.cause.count("Fix:") == 1
+    for wrong in ("not saved", "not restored", "reset after loading", "was never"):
+        assert wrong not in d.cause
+
+
+# Only the fixes the evidence supports, most likely first (issue 30, item 6)
+
+
+def advanced(draws, res_ids=None):
+    """The CPU RNG restored at train.py:30, then drawn from by `draws` before the first step;
+    the resumed steps consume `res_ids(step)` (the uninterrupted run [step])."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+
+    def base_values(s):
+        return {"loss": s / 2, "rng:cpu": f"c{s}", "ids": [s]}
+
+    def res_values(s):
+        return {"loss": s / 3, "rng:cpu": f"x{s}", "ids": res_ids(s) if res_ids else [s]}
+
+    res = point(rng={"cpu": "x"}, restores=2, draws=draws)
+    return diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
+
+
+def test_a_seed_drawn_after_the_restore_puts_the_loaders_own_generator_first():
+    res = point(rng={"cpu": "x"}, restores=2)
+    res["draws"] = [
+        {
+            "op": "random_",
+            "stream": "rng:cpu",
+            "at": "train.py:33",
+            "after_restores": 2,
+            "shape": [],
+        }
+    ]
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    d = diagnosis(
+        point(),
+        res,
+        [LOAD, set_state],
+        lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", "ids": [s]},
+        lambda s: {"loss": s / 3, "rng:cpu": f"x{s}", "ids": [s]},
+    )
+    assert d.bug_class == "restored then advanced"
+    fix = d.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("give the DataLoader started at train.py:33 a generator of its own")
+    assert d.cause.count("Fix:") == 1
+    assert "prefetched" not in d.cause  # the ids show no batch lost
+
+
+def test_the_prefetch_theory_only_when_the_first_batch_differs():
+    draws = [("randint", "rng:cpu", "train.py:33", 2)]
+    lost = advanced(draws, res_ids=lambda s: [s + 10])
+    fix = lost.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("if that code fetches the first batch, the batch prefetched before")
+    kept = advanced(draws)  # the first resumed step consumed the same samples
+    assert "prefetch" not in kept.cause and kept.cause.count("Fix:") == 1
+
+
+def without_points(base_values, res_values):
+    base = {0: run("uninterrupted", range(1, 7), base_values)}
+    res = {0: run("resumed", range(4, 7), res_values)}
+    return diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_a_restarted_schedule_is_a_restarted_warmup_only_when_it_warms_up(warmup):
+    def lr(step):
+        return 0.1 * step if warmup else 0.1 / step
+
+    def values(step, at):
+        return {"loss": 1.0, "watch:sched.last_lr": [lr(at)], "watch:sched.last_epoch": at}
+
+    d = without_points(lambda s: values(s, s), lambda s: values(s, s - SPLIT))
+    assert d.bug_class == "LR scheduler missing"
+    assert ("warmup" in d.cause) is warmup
+    assert d.cause.count("Fix:") == 1 and "Fix: save scheduler.state_dict()" in d.cause
+
+
+def test_a_data_order_cause_names_the_replayed_epoch_from_the_ids():
+    """8 samples, 2 per step: steps 1-4 are epoch 0; the resumed epoch 1 consumes epoch 0's
+    order again."""
+    order = {1: [0, 5], 2: [3, 1], 3: [7, 2], 4: [6, 4], 5: [1, 7], 6: [0, 2]}
+
+    def base_values(s):
+        return {"loss": 1.0, "ids": order[s]}
+
+    def res_values(s):
+        return {"loss": 1.0, "ids": order[s - 4 if s > 4 else s]}
+
+    d = without_points(base_values, res_values)
+    assert d.bug_class == "data order"
+    assert "the resumed epoch 1 consumes the samples of epoch 0's steps 1-2, in order" in d.cause
+    # every audited stream matches: the sampler's epoch first, then a generator's state
+    assert "Fix: restore the sampler's epoch before iterating (set_epoch(saved_epoch))" in d.cause
+    assert "otherwise save the shuffling generator's state from before" in d.cause
+    assert d.cause.count("Fix:") == 1
+
+
+def test_a_batch_that_happens_to_repeat_is_no_replayed_epoch():
+    """A generator never restored (it adds noise to the batch, it does not shuffle): the ids
+    of the first resumed steps match; one later batch equals step 1's by chance."""
+    order = {1: [0, 5], 2: [3, 1], 3: [7, 2], 4: [6, 4], 5: [1, 7], 6: [0, 2]}
+    gen = "generator train.py:38 #0"
+
+    def base_values(s):
+        return {"loss": 1.0, "ids": order[s], f"rng:{gen}": f"g{s}"}
+
+    def res_values(s):
+        return {"loss": 2.0, "ids": order[1] if s == 6 else order[s], f"rng:{gen}": f"x{s}"}
+
+    d = diagnosis(
+        point(rng={gen: "g"}), point(rng={gen: "x"}, restores=1), [LOAD], base_values, res_values
+    )
+    assert d.bug_class == "never restored" and "consumes the samples" not in d.cause

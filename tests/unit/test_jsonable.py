@@ -19,6 +19,7 @@ from pytest_resume_equiv.compare.diff import Comparison, Divergence
 from pytest_resume_equiv.compare.envelope import Envelope, TopologyFacts
 from pytest_resume_equiv.compare.gate import GateFacts
 from pytest_resume_equiv.compare.jsonable import NOT_IN_JSON, from_json, json_key, to_json
+from pytest_resume_equiv.compare.loaded_step import LoadedStep
 from pytest_resume_equiv.compare.noise import NoiseFacts
 from pytest_resume_equiv.compare.step_problems import StepProblem
 from pytest_resume_equiv.compare.tolerance import PROFILES, ComparisonRules
@@ -29,13 +30,20 @@ from pytest_resume_equiv.report.records import LaunchRecord, RunRecord, TestReco
 
 ACCOUNT = DataAccount("sample_ids", [1], [7], [2], False, True, [3], ([4], [2]), (1, 0))
 TOPOLOGY = TopologyFacts(
-    (2, 1), [ACCOUNT], [Envelope("loss", 4, 0.5, 0.1, 0.4)], ["lr"], ["rank_loss"], ["shared"]
+    (2, 1),
+    [ACCOUNT],
+    [Envelope("loss", 4, 0.5, 0.1, 0.4)],
+    ["lr"],
+    ["rank_loss"],
+    ["shared"],
+    ["loss relative 0.3 at step 1"],
 )
 NOISE = NoiseFacts(
     "uninterrupted", ["/r/a"], 1, {"0": {"loss": {"4": 0.25}}}, {"loss": 0.01}, ["step 4, x"]
 )
 GATE = GateFacts("failed", "the uninterrupted run", "", {"0": ["rng:cpu"]}, 3, "train.py:10")
 PREFLIGHT = PreflightFacts(["cudnn.benchmark is True"], ["TF32 matmuls are allowed"])
+LOADED = LoadedStep(3, {"0": 5}, {"0": {"optimizer": 5}})
 CRASH = CrashTable(3, [Row("before-rename", "rename ckpt", "ckpt-3 (part)", 2, "exact", "ok")])
 DATA = DataFacts([ACCOUNT])
 COMPARISON = Comparison(
@@ -60,7 +68,7 @@ VERDICT = Verdict(
     "",
     COMPARISON,
     Diagnosis("it was not restored", "cpu RNG", ["a note"]),
-    [PREFLIGHT, CRASH],
+    [PREFLIGHT, CRASH, LOADED],
     primary=True,
     link=2,
     launch="resumed-split3",
@@ -89,7 +97,7 @@ KEYS = {
     "context latent ignored facts how",
     "Divergence": "step rank key path expected actual detail node",
     "StepProblem": "kind rank steps message",
-    "TopologyFacts": "kind nproc data envelopes exact per_rank shared text",
+    "TopologyFacts": "kind nproc data envelopes exact per_rank shared blind text",
     "Envelope": "key step deviation noise allowed",
     "DataAccount": "key missing fewer repeated twice from_earlier moved replayed epochs",
     "DataFacts": "kind accounts text",
@@ -97,6 +105,7 @@ KEYS = {
     "GateFacts": "kind status reference why differing compared at",
     "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
+    "LoadedStep": "kind split found counters",
     "Row": "point where disk resumed_from status why",
     "Tolerance": "name first later",
     "ComparisonRules": "steps tolerance ignore strict_latent",
@@ -149,6 +158,7 @@ def test_every_fact_kind_is_covered_and_comes_back_as_its_own_class():
         GateFacts,
         PreflightFacts,
         CrashTable,
+        LoadedStep,
     ]
     assert sorted(f.kind for f in found) == sorted(facts._KINDS)
     assert again == VERDICT
@@ -170,7 +180,7 @@ def test_the_json_report_keys_of_a_verdict_with_a_comparison_a_diagnosis_and_fac
     assert resume["topology"] == TOPOLOGY.lines()
     assert resume["data"] == [ACCOUNT.text()]
     kinds = [f["kind"] for f in resume["comparison"]["facts"] + resume["facts"]]
-    assert kinds == ["topology", "data", "noise", "gate", "preflight", "crash_table"]
+    assert kinds == ["topology", "data", "noise", "gate", "preflight", "crash_table", "loaded_step"]
     assert resume["comparison"]["facts"][1]["text"] == [ACCOUNT.text()]
     assert run["teeth"] == {"status": "skipped", "why": "nothing random"}
     assert (data["launches"], data["reused_launches"], data["wall_seconds"]) == (1, 0, 3.25)

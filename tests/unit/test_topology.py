@@ -142,3 +142,47 @@ def test_parameters_replicated_on_every_rank_are_held_to_the_envelope_too():
     cmp, _ = judge(bad, base, other)
     assert not cmp.equal and cmp.divergence.key == "watch:model.params"
     assert "beyond the topology's noise" in cmp.divergence.detail
+
+
+def without_ids(phase, world, steps, loss):
+    """Every rank records only the global loss: no sample ids."""
+    return {
+        rank: sig(rank, phase, [(s, {"loss": loss(s)}) for s in steps], world)
+        for rank in range(world)
+    }
+
+
+def test_topologies_that_differ_beyond_noise_without_ids_are_blind_not_widened():
+    """Issue 30, item 4: the uninterrupted runs on 2 and 1 ranks consume other data (their
+    losses differ by 30%); no ids say so. No envelope is measured from that difference, and
+    the comparison says it is blind instead of judging (a mutated run would pass it)."""
+    base = without_ids("uninterrupted", 2, range(1, STEPS + 1), lambda s: 1.0 / s)
+    other = without_ids("topology", 1, range(1, STEPS + 1), lambda s: 1.3 / s)
+    mutated = without_ids("teeth", 1, range(4, STEPS + 1), lambda s: 1.2 / s)
+    cmp, check = judge(mutated, base, other)
+    assert check.envelopes == [] and check.blind and check.blind[0].startswith("loss relative")
+    why = check.judged_nothing()
+    assert why.startswith("blind: the data could not be accounted (no sample ids recorded)")
+    assert "content hash of its rows" in why
+    assert "not judged (the uninterrupted runs on 2 and 1 ranks" in "\n".join(check.lines())
+
+
+def test_noise_between_topologies_still_makes_an_envelope():
+    base = without_ids("uninterrupted", 2, range(1, STEPS + 1), lambda s: 1.0 / s)
+    other = without_ids("topology", 1, range(1, STEPS + 1), lambda s: 1.0 / s + 1e-6)
+    cmp, check = judge(
+        without_ids("resumed", 1, range(4, STEPS + 1), lambda s: 1.0 / s), base, other
+    )
+    assert cmp.equal and [e.key for e in check.envelopes] == ["loss"] and not check.blind
+    assert check.judged_nothing() == ""
+
+
+def test_a_blind_topology_verdict_abstains_saying_why():
+    from pytest_resume_equiv.checks.other_topology import judge_topology
+    from pytest_resume_equiv.compare.tolerance import ComparisonRules
+
+    base = without_ids("uninterrupted", 2, range(1, STEPS + 1), lambda s: 1.0 / s)
+    other = without_ids("topology", 1, range(1, STEPS + 1), lambda s: 1.3 / s)
+    res = without_ids("resumed", 1, range(4, STEPS + 1), lambda s: 1.0 / s)
+    verdict = judge_topology(base, res, other, SPLIT, ComparisonRules(STEPS))
+    assert verdict.status == "abstained" and verdict.why.startswith("blind: ")

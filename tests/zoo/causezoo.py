@@ -7,8 +7,10 @@ fresh `torch.Generator` (seeded from the CPU RNG) whenever an iterator starts: i
 uninterrupted run that happens in `start_epoch`, in the resumed run in `restore`, on another
 line. The correct trainer must pass all the same.
 
-`causezoo.py [--own-generator] [--bug=NAME]` (`--bug` is a resume argument: the resumed
-launch only; `--own-generator` gives the loader a generator of its own, seeded at start):
+`causezoo.py [--own-generator] [--sharded] [--bug=NAME]` (`--bug` is a resume argument: the
+resumed launch only; `--own-generator` gives the loader a generator of its own, seeded at
+start; `--sharded` shards the data with a DistributedSampler, all-reduces the gradients and
+records only the all-reduced loss, no sample ids, as elastic scripts often do):
 - `none`: the exact resume;
 - `no_epoch_shuffle`: the restore function starts the iterator without putting back the RNG
   state of the epoch's start (the CPU RNG of the split is restored after it, and matches):
@@ -25,17 +27,19 @@ import os
 import sys
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pytest_resume_equiv as req
 
 BUG = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--bug=")), "none")
 OWN_GENERATOR = "--own-generator" in sys.argv[1:]
+SHARDED = "--sharded" in sys.argv[1:]
 SAMPLES, BATCH, SAVE_EVERY = 8, 2, 3
-PER_EPOCH = SAMPLES // BATCH
 
 ctx = req.context()
 ctx.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)
@@ -45,9 +49,16 @@ req.watch(model=model, optimizer=opt)
 ids = torch.arange(SAMPLES)
 rows = torch.linspace(-1, 1, SAMPLES * 4).reshape(SAMPLES, 4)
 loader_generator = torch.Generator().manual_seed(7) if OWN_GENERATOR else None
+data = TensorDataset(ids, rows)
+sampler = DistributedSampler(data, world, rank, shuffle=True, seed=0) if SHARDED else None
 loader = DataLoader(
-    TensorDataset(ids, rows), batch_size=BATCH, shuffle=True, generator=loader_generator
+    data,
+    batch_size=BATCH,
+    shuffle=not SHARDED,
+    sampler=sampler,
+    generator=loader_generator,
 )
+PER_EPOCH = len(loader)
 normalizer = {"mean": 1.0}
 """A running loss scale the script keeps outside every watched object."""
 
@@ -64,12 +75,16 @@ def set_shuffle_state(state):
         torch.set_rng_state(state)
 
 
-def start_epoch(run):
+def start_epoch(run, step):
     run["epoch_start"] = shuffle_state()
+    if SHARDED:
+        sampler.set_epoch(step // PER_EPOCH)
     return iter(loader)
 
 
 def save(step, run):
+    if SHARDED and rank != 0:
+        return  # the ranks hold the same state: rank 0 writes it
     # a resumed launch keeps its own saves under its own run directory (the uninterrupted
     # launch's folders are shared by every case)
     own = os.path.join(ctx.run_dir, "out", f"step_{step}")
@@ -108,6 +123,8 @@ def restore(run):
         set_shuffle_state(state["epoch_start"])
     batches = None
     if step % PER_EPOCH:
+        if SHARDED:
+            sampler.set_epoch(step // PER_EPOCH)
         batches = iter(loader)  # the epoch's shuffle again, from the state at its start
         for _ in range(step % PER_EPOCH):
             next(batches)  # the batches the saved steps consumed
@@ -119,7 +136,7 @@ run = {"epoch_start": None}
 step, batches = restore(run) if ctx.resuming else (0, None)
 while step < ctx.steps:
     if batches is None:
-        batches = start_epoch(run)
+        batches = start_epoch(run, step)
     try:
         batch_ids, x = next(batches)
     except StopIteration:
@@ -129,8 +146,17 @@ while step < ctx.steps:
     normalizer["mean"] = 0.9 * normalizer["mean"] + 0.1 * loss.item()
     opt.zero_grad()
     loss.backward()
+    if SHARDED:
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
     opt.step()
     step += 1
-    req.record(step, loss=loss.item(), ids=batch_ids.tolist())
+    if SHARDED:
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        req.record(step, loss=mean.item() / world)
+    else:
+        req.record(step, loss=loss.item(), ids=batch_ids.tolist())
     if ctx.should_save(step) or step % SAVE_EVERY == 0:
         save(step, run)

@@ -1,0 +1,344 @@
+"""Automatic recording: the training itself, seen from inside the rank, with no call in the
+trainer.
+
+A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration
+is told apart by what happens between optimizer steps: the optimizer steps with no forward
+(of any module, in training mode) and no `backward()` between them make one step (a trainer
+that steps two optimizers one after the other, or one optimizer per parameter group, records
+one step); a forward or a backward after a step starts the next one. An optimizer that steps
+again with nothing between starts a new step too. A step that the trainer skipped (a
+`GradScaler` found inf/NaN gradients, so `optimizer.step` did not run) counts as a step and
+is recorded as skipped, so the steps after it keep their numbers.
+
+Recorded per step (written when the next iteration begins, or at the end of the run):
+`loss`, the value of every tensor `backward()` was called on since the last step
+(`Tensor.backward` and `torch.autograd.backward`, one per micro-batch); `data`, a content
+fingerprint of the tensors given to the outermost module's forward in training mode (a module
+with parameters: a loss module is not the model), one per micro-batch, reduced on the device
+without a copy to the host (rank/fingerprint.py); `skipped` when no optimizer step ran. The
+optimizers that stepped, the LR schedulers built and the outermost trained modules are found
+here and audited as the watched objects are (rank/watch.py), under the names `found` gives.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .fingerprint import Fingerprint, Later, content_hash, hash_bytes, local_shard
+from .wrapping import Wrapper
+
+Emit = Callable[["Step"], None]
+"""Called with each step once it is complete (the rank state writes its line)."""
+
+
+@dataclass
+class Step:
+    """One optimizer step, gathered until the next iteration begins."""
+
+    number: int
+    """1 for the first step this process took."""
+    losses: list[Any] = field(default_factory=list)
+    inputs: list[list[tuple[str, Fingerprint]]] = field(default_factory=list)
+    optimizers: list[int] = field(default_factory=list)
+    """ids of the optimizers that stepped (or were skipped) in it."""
+    ran: bool = False
+    """At least one `optimizer.step` ran (False: every one was skipped)."""
+
+    @property
+    def skipped(self) -> bool:
+        return not self.ran
+
+
+class StepCounter:
+    """Which optimizer steps make one step, and what was seen since the last one (the
+    counting alone: no torch, so it is tested as it is)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.pending: Optional[Step] = None
+        """The step taken and not yet written (its iteration may step more optimizers)."""
+        self.losses: list[Any] = []
+        self.inputs: list[list[tuple[str, Fingerprint]]] = []
+        """What the iteration under way has seen so far (it goes into its step)."""
+        self.ran = 0
+        """Optimizer steps that ran, ever (a `GradScaler.step` that adds none skipped)."""
+
+    def stepped(self, optimizer: Any, ran: bool = True) -> Optional[Step]:
+        """An optimizer stepped (or `ran=False`: its step was skipped). Returns the step
+        this one completes, if it starts a new one (the same optimizer again)."""
+        done = None
+        if self.pending is not None and id(optimizer) in self.pending.optimizers:
+            done = self.boundary()
+        if self.pending is None:
+            self.count += 1
+            self.pending = Step(self.count, self.losses, self.inputs)
+            self.losses, self.inputs = [], []
+        self.pending.optimizers.append(id(optimizer))
+        if ran:
+            self.pending.ran = True
+            self.ran += 1
+        return done
+
+    def boundary(self) -> Optional[Step]:
+        """A forward or a backward: the step taken before it (if any) is complete."""
+        done, self.pending = self.pending, None
+        return done
+
+    def loss(self, value: Any) -> None:
+        self.losses.append(value)
+
+    def batch(self, inputs: list[tuple[str, Fingerprint]]) -> None:
+        self.inputs.append(inputs)
+
+
+class Found:
+    """The objects the process trains with, found as they are used: optimizers (at their
+    first step), LR schedulers (when built), outermost trained modules (at their first
+    forward in training mode). Named by kind and order, the same in every run of the same
+    trainer. Held until the run ends: the last step is written when the user's code has
+    returned, and its objects are gone by then."""
+
+    KINDS = ("model", "optimizer", "lr_scheduler")
+
+    def __init__(self) -> None:
+        self.objects: dict[str, list[Any]] = {kind: [] for kind in self.KINDS}
+
+    def add(self, kind: str, obj: Any) -> None:
+        held = self.objects[kind]
+        if not any(x is obj for x in held):
+            held.append(obj)
+
+    def of(self, kind: str) -> list[Any]:
+        return list(self.objects[kind])
+
+    def named(self) -> dict[str, Any]:
+        """`{"model": ..., "optimizer": ..., "optimizer2": ..., "lr_scheduler": ...}`."""
+        out: dict[str, Any] = {}
+        for kind in self.KINDS:
+            for i, obj in enumerate(self.of(kind)):
+                out[kind if i == 0 else f"{kind}{i + 1}"] = obj
+        return out
+
+
+def _has_parameters(module: Any) -> bool:
+    return next(iter(module.parameters()), None) is not None
+
+
+def _tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """The tensors in a forward's arguments, with where they were (`0`, `x`, `0.ids`)."""
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{path}.{i}" if path else str(i))
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield from _tensors(value[key], f"{path}.{key}" if path else str(key))
+
+
+def _fingerprint(tensor: Any) -> Fingerprint:
+    """The content hash of one input tensor, left on its device (a `Later`) until the step's
+    line is written: no copy to the host, no sync in the forward."""
+    flat = local_shard(tensor)
+    if flat.device.type in ("cpu", "meta") or flat.numel() == 0:
+        return content_hash(flat)
+    from .fingerprint import _digest
+
+    digest = _digest(flat.reshape(-1).contiguous())
+    return Later(digest.words, lambda words: "d" + digest.finish(words))
+
+
+def _loss_value(tensor: Any) -> Any:
+    """A backward's tensor as the step keeps it until it is written: detached (a scalar's
+    value as float64 bits on its device, read with the step's other device values)."""
+    torch = sys.modules["torch"]
+    local = local_shard(tensor)
+    if local.numel() == 1 and (local.is_floating_point()):
+        bits = local.reshape(1).to(torch.float64).view(torch.int64)
+        return Later(bits, _float_of_bits)
+    return _fingerprint(local)
+
+
+def _float_of_bits(words: list[int]) -> Any:
+    import struct
+
+    from .encode import encode_float
+
+    return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])
+
+
+def batch_fingerprint(inputs: list[tuple[str, str]]) -> str:
+    """One micro-batch's fingerprint from its tensors' (where, hash)."""
+    return hash_bytes("\n".join(f"{where}={digest}" for where, digest in inputs).encode())
+
+
+class AutoRecorder:
+    """The hooks that feed a `StepCounter` and `Found`, and hand each complete step to
+    `emit`. Installed by the rank state when automatic recording is on."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.counter = StepCounter()
+        self.found = Found()
+        self.depth = 0
+        """Module forwards under way (0: the next forward is an outermost one)."""
+        self.handles: list[Any] = []
+        self.calls = Wrapper()
+        self.scaler_calls = Wrapper()
+        self.first_step_seen: Optional[Callable[[], None]] = None
+        """Called once, before the first optimizer step of the process (a resumed run reads
+        the counters its load restored there)."""
+
+    # -- what the hooks report ------------------------------------------------------------
+
+    def step_taken(self, optimizer: Any, ran: bool = True) -> None:
+        self.found.add("optimizer", optimizer)
+        self._emit(self.counter.stepped(optimizer, ran))
+
+    def boundary(self) -> None:
+        self._emit(self.counter.boundary())
+
+    def flush(self) -> Optional[Step]:
+        """The step taken and not yet written (the run ended, or an explicit record)."""
+        return self.counter.boundary()
+
+    def _emit(self, step: Optional[Step]) -> None:
+        if step is not None:
+            self.emit(step)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Hook optimizer steps, module forwards, backward calls, GradScaler steps and LR
+        scheduler construction (torch must be imported)."""
+        import torch
+        import torch.optim.lr_scheduler as lr_scheduler
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
+            self.found.add("optimizer", opt)
+            if self.first_step_seen is not None:
+                first, self.first_step_seen = self.first_step_seen, None
+                first()
+
+        def post_step(opt: Any, args: Any, kwargs: Any) -> None:
+            self.step_taken(opt)
+
+        def pre_forward(module: Any, args: Any) -> None:
+            self.depth += 1
+            if self.depth == 1 and module.training:
+                self.boundary()
+                if _has_parameters(module):  # found before the resume point's snapshot
+                    self.found.add("model", module)
+
+        def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+            # the inputs are read here, where the global hook sees keyword arguments too
+            self.depth = max(0, self.depth - 1)
+            if self.depth == 0 and module.training and _has_parameters(module):
+                found = [(w, _fingerprint(t)) for w, t in _tensors(args)]
+                found += [(w, _fingerprint(t)) for w, t in _tensors(kwargs, "kw")]
+                self.counter.batch(found)
+
+        self.handles = [
+            optim.register_optimizer_step_pre_hook(pre_step),
+            optim.register_optimizer_step_post_hook(post_step),
+            nn_module.register_module_forward_pre_hook(pre_forward),
+            nn_module.register_module_forward_hook(
+                post_forward, with_kwargs=True, always_call=True
+            ),
+        ]
+
+        def backward_called(tensors: Any, *rest: Any, **kwargs: Any) -> None:
+            self.boundary()
+            for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
+                if isinstance(tensor, torch.Tensor):
+                    self.counter.loss(_loss_value(tensor))
+
+        # reported once the outermost backward returned (Tensor.backward calls autograd's)
+        self.calls.wrap(torch.Tensor, "backward", backward_called)
+        self.calls.wrap(torch.autograd, "backward", backward_called)
+
+        amp = getattr(torch, "amp", None)
+        if amp is not None and hasattr(amp, "GradScaler"):
+            self._wrap_scaler(amp.GradScaler)
+        scheduler = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
+        for base in {scheduler, lr_scheduler.ReduceLROnPlateau}:
+            self.calls.wrap(
+                base, "__init__", lambda obj, *a, **k: self.found.add("lr_scheduler", obj)
+            )
+        # every optimizer built, in the order built: a resumed run's snapshot at its first
+        # forward sees them before they step
+        self.calls.wrap(
+            torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
+        )
+
+    def _wrap_scaler(self, scaler_class: type) -> None:
+        """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step."""
+        original = scaler_class.step
+        counter = self.counter
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = counter.ran
+            result = original(scaler, optimizer, *args, **kwargs)
+            if counter.ran == before:
+                self.step_taken(optimizer, ran=False)
+            return result
+
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        scaler_class.step = step  # type: ignore[method-assign]
+        self.scaler_calls.wrapped[f"{id(scaler_class)}.step"] = (scaler_class, "step", original)
+
+    def uninstall(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.calls.unwrap()
+        self.scaler_calls.unwrap()
+
+
+def counters(found: Found, before_step: bool = False) -> dict[str, int]:
+    """The step counters of the objects found: each optimizer's `step` (the largest of its
+    parameters' state, 0 before its first step) and each scheduler's `last_epoch`. In a
+    resumed launch, read before the first step, they say which step the checkpoint is of.
+    `before_step`: the optimizers too may not have been seen stepping yet (read every one
+    the process holds through the schedulers built on them)."""
+    out: dict[str, int] = {}
+    named = found.named()
+    optimizers = {id(o): o for n, o in named.items() if n.startswith("optimizer")}
+    if before_step:
+        for scheduler in found.of("lr_scheduler"):
+            opt = getattr(scheduler, "optimizer", None)
+            if opt is not None and id(opt) not in optimizers:
+                optimizers[id(opt)] = opt
+    names = {id(o): n for n, o in named.items()}
+    for i, opt in enumerate(optimizers.values()):
+        name = names.get(id(opt), f"optimizer{i + 1}" if i else "optimizer")
+        step = _optimizer_step(opt)
+        if step is not None:
+            out[name] = step
+    for name, obj in named.items():
+        if name.startswith("lr_scheduler"):
+            epoch = getattr(obj, "last_epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                out[name] = epoch
+    return out
+
+
+def _optimizer_step(optimizer: Any) -> Optional[int]:
+    """An optimizer's step counter: its first parameter's `step` state (Adam, AdamW, ...);
+    None for an optimizer that keeps none (plain SGD)."""
+    for group in getattr(optimizer, "param_groups", []):
+        for param in group.get("params", []):
+            value = optimizer.state.get(param, {}).get("step")
+            if value is None:
+                return 0 if not optimizer.state else None
+            try:
+                return int(float(value))
+            except (TypeError, ValueError):
+                return None
+    return None

@@ -1,0 +1,218 @@
+"""Automatic recording (rank/auto.py): a step per optimizer step, with no call in the trainer.
+
+The counting alone (`StepCounter`), then a rank recording a real training loop in process:
+several optimizers in one iteration, a step a GradScaler skipped, micro-batches, a resumed
+launch's numbering, explicit `record` calls beside the automatic values, and `auto=False`.
+"""
+
+import torch
+
+import pytest_resume_equiv as req
+from pytest_resume_equiv.rank.auto import StepCounter
+from pytest_resume_equiv.rank.context import current
+from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.signature import read_signature
+
+
+def test_optimizers_stepping_with_nothing_between_make_one_step():
+    counter, a, b = StepCounter(), object(), object()
+    assert counter.stepped(a) is None and counter.stepped(b) is None
+    step = counter.boundary()
+    assert (step.number, step.optimizers, step.skipped) == (1, [id(a), id(b)], False)
+    assert counter.boundary() is None  # a second forward: nothing more to write
+
+
+def test_the_same_optimizer_again_starts_the_next_step():
+    counter, a = StepCounter(), object()
+    counter.stepped(a)
+    done = counter.stepped(a)
+    assert done.number == 1 and counter.pending.number == 2
+
+
+def test_micro_batches_go_into_the_step_they_lead_to():
+    counter, a = StepCounter(), object()
+    for i in range(3):  # three micro-batches, one step
+        counter.boundary()
+        counter.batch([("0", f"batch{i}")])
+        counter.loss(f"loss{i}")
+    counter.stepped(a)
+    counter.boundary()
+    counter.batch([("0", "next")])
+    step = counter.pending or counter.boundary()
+    assert step is None  # the next iteration has not stepped yet
+    counter.stepped(a)
+    second = counter.boundary()
+    assert second.number == 2 and second.inputs == [[("0", "next")]] and second.losses == []
+
+
+def test_a_skipped_step_counts_and_keeps_the_numbers_after_it():
+    counter, a = StepCounter(), object()
+    numbers = []
+    for ran in (True, False, True):
+        counter.boundary()
+        counter.stepped(a, ran=ran)
+        numbers.append((counter.pending.number, counter.pending.skipped))
+    assert numbers == [(1, False), (2, True), (3, False)]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def _train(steps, micro=1, optimizers=1, scaler=None, record=False, data_seed=0, skip_at=()):
+    torch.manual_seed(0)
+    model = Net()
+    groups = [model.body.parameters(), model.head.parameters()][: max(1, optimizers)]
+    if optimizers == 1:
+        groups = [model.parameters()]
+    opts = [torch.optim.AdamW(params, lr=0.1) for params in groups]
+    sched = torch.optim.lr_scheduler.StepLR(opts[0], step_size=1, gamma=0.5)
+    gen = torch.Generator().manual_seed(data_seed)
+    loss_fn = torch.nn.MSELoss()
+    for step in range(1, steps + 1):
+        for _ in range(micro):
+            x, y = torch.randn(2, 4, generator=gen), torch.randn(2, 1, generator=gen)
+            loss = loss_fn(model(x), y) / micro
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        if step in skip_at:
+            model.head.weight.grad.fill_(float("inf"))
+        for opt in opts:
+            if scaler is not None:
+                scaler.step(opt)
+            else:
+                opt.step()
+        if scaler is not None:
+            scaler.update()
+        sched.step()
+        for opt in opts:
+            opt.zero_grad()
+        if record:
+            req.record(step, lr=sched.get_last_lr()[0])
+
+
+def _run(in_rank, train, **context):
+    run_dir = in_rank(**context)
+    current().install()
+    current().open()  # as the bootstrap does before the user's code
+    try:
+        train()
+        current().finish()
+    finally:
+        current().uninstall()
+    return read_signature(signature_path(run_dir, 0))
+
+
+def test_a_trainer_with_no_call_records_a_step_per_optimizer_step(in_rank):
+    sig = _run(in_rank, lambda: _train(3, micro=2))
+    assert [s for s, _ in sig.steps] == [1, 2, 3] and sig.complete
+    values = sig.by_step()[2]
+    assert len(values["auto:loss"]) == 2 and len(values["auto:data"]) == 2
+    assert sig.counters[2] == {"optimizer": 2, "lr_scheduler": 2}
+    for key in ("watch:model.params", "watch:optimizer.state", "watch:optimizer.lr"):
+        assert key in values, sorted(values)
+    assert "watch:lr_scheduler.last_epoch" in values
+    # each step saw other batches; the same trainer again sees the same ones
+    assert len({str(v["auto:data"]) for _, v in sig.steps}) == 3
+    again = _run(in_rank, lambda: _train(3, micro=2), run_dir=sig.path + ".again")
+    assert [v["auto:data"] for _, v in again.steps] == [v["auto:data"] for _, v in sig.steps]
+    other = _run(in_rank, lambda: _train(3, micro=2, data_seed=1), run_dir=sig.path + ".other")
+    assert other.by_step()[1]["auto:data"] != values["auto:data"]
+
+
+def test_two_optimizers_in_one_iteration_are_one_step(in_rank):
+    sig = _run(in_rank, lambda: _train(3, optimizers=2))
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    assert "watch:optimizer2.state" in sig.by_step()[1]
+
+
+def test_a_step_the_grad_scaler_skipped_is_recorded_as_skipped(in_rank):
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
+    sig = _run(in_rank, lambda: _train(4, scaler=scaler, skip_at=(2,)))
+    assert [s for s, _ in sig.steps] == [1, 2, 3, 4]
+    assert [v.get("auto:skipped", False) for _, v in sig.steps] == [False, True, False, False]
+    # the optimizer did not step at 2: its counter lags the steps from there on
+    assert [sig.counters[s]["optimizer"] for s, _ in sig.steps] == [1, 1, 2, 3]
+
+
+def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank):
+    def resume():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        state = {"step": torch.tensor(6.0), "exp_avg": torch.zeros(4, 4)}
+        state["exp_avg_sq"] = torch.zeros(4, 4)
+        opt.state[model.body.weight] = state  # a checkpoint of step 6
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, resume, phase="resumed", split=3)
+    assert [s for s, _ in sig.steps] == [4, 5]
+    assert sig.loaded == {"split": 3, "counters": {"optimizer": 6}}
+
+
+def test_explicit_records_number_the_steps_and_keep_the_automatic_values(in_rank):
+    sig = _run(in_rank, lambda: _train(3, micro=2, record=True))
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    values = sig.by_step()[3]
+    assert "lr" in values and len(values["auto:loss"]) == 2
+    assert "watch:optimizer.state" in values
+
+
+def test_auto_off_records_only_the_explicit_calls(in_rank):
+    sig = _run(in_rank, lambda: _train(3, record=True), auto=False)
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    assert not [k for k in sig.by_step()[1] if k.startswith(("auto:", "watch:"))]
+    silent = _run(in_rank, lambda: _train(3), auto=False, run_dir=sig.path + ".silent")
+    assert silent.steps == []
+
+
+def test_auto_resolves_from_ini_env_cli_and_the_marker():
+    from test_settings import FakeConfig
+
+    from pytest_resume_equiv.settings import SettingError, resolve_session, resolve_test
+
+    off = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
+    assert off.auto is False and off.sources["auto"] == "default"
+    env = {"PYTEST_RESUME_EQUIV_AUTO": "on"}
+    on = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
+    assert on.auto is True and "PYTEST_RESUME_EQUIV_AUTO" in on.sources["auto"]
+    marked = resolve_test(
+        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": False}
+    )
+    assert marked.auto is False and "marker" in marked.sources["auto"]
+    try:
+        resolve_test(
+            resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3, "auto": "no"}
+        )
+    except SettingError as exc:
+        assert "auto" in str(exc) and "True" in str(exc)
+    else:
+        raise AssertionError("auto='no' was accepted")
+
+
+def test_a_checkpoint_of_another_step_is_a_finding():
+    from pytest_resume_equiv.compare.loaded_step import loaded_step
+    from pytest_resume_equiv.signature import Signature
+
+    def sig(counters=None, loaded=None):
+        return Signature("x", {"rank": 0}, [], True, counters=counters or {}, loaded=loaded)
+
+    base = {0: sig({s: {"optimizer": s, "lr_scheduler": s} for s in range(1, 7)})}
+    right = {0: sig(loaded={"split": 3, "counters": {"optimizer": 3, "lr_scheduler": 3}})}
+    wrong = {0: sig(loaded={"split": 3, "counters": {"optimizer": 5, "lr_scheduler": 5}})}
+    assert loaded_step(base, right, 3) is None
+    finding = loaded_step(base, wrong, 3)
+    assert finding is not None and finding.failed
+    assert "the checkpoint loaded is of step 5, not step 3" in finding.lines("split 3")[0]
+    unknown = {0: sig(loaded={"split": 3, "counters": {"optimizer": 40}})}
+    assert loaded_step(base, unknown, 3) is None  # of no step the run had: the comparison says
