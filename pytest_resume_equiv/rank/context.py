@@ -416,7 +416,7 @@ class RankState:
     def close(self) -> None:
         """The footer (and the names left out of the audit); later records are an error."""
         if self.writer is not None:
-            self.writer.close(self.generators.ignored_keys())
+            self.writer.close(self.generators.ignored_keys(), self.watched.found_as)
 
     def finish(self) -> None:
         """The user's code ended (the bootstrap): a resumed run that ran no step (it loaded a

@@ -69,6 +69,8 @@ def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
     passed = section_of(text, "test_plain_trainer_resumes")
     assert "split 3: equal on all 2 ranks over 3 steps" in passed
     assert "teeth check passed" in passed or "changed the recorded values" in passed
+    automatic = "auto:data, auto:loss, watch:lr_scheduler, watch:model, watch:optimizer"
+    assert f"recorded automatically: {automatic}" in text
     expected = {
         "test_forgotten_optimizer_state": "likely cause (optimizer never restored)",
         "test_forgotten_scheduler": "likely cause (scheduler never restored)",

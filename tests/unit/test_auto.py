@@ -137,6 +137,7 @@ def test_a_trainer_with_no_call_records_a_step_per_optimizer_step(in_rank):
     for key in ("watch:model.params", "watch:optimizer.state", "watch:optimizer.lr"):
         assert key in values, sorted(values)
     assert "watch:lr_scheduler.last_epoch" in values
+    assert sig.found == ["model", "optimizer", "lr_scheduler"]  # the footer says what it found
     # each step saw other batches; the same trainer again sees the same ones
     assert len({str(v["auto:data"]) for _, v in sig.steps}) == 3
     again = _run(in_rank, lambda: _train(3, micro=2), run_dir=sig.path + ".again")
@@ -183,6 +184,21 @@ def test_explicit_records_number_the_steps_and_keep_the_automatic_values(in_rank
     values = sig.by_step()[3]
     assert "lr" in values and len(values["auto:loss"]) == 2
     assert "watch:optimizer.state" in values
+
+
+def test_an_object_the_trainer_watches_is_not_audited_twice(in_rank):
+    def train():
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        req.watch(net=model, opt=opt)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, train)
+    assert sig.found == []
+    assert not [k for k in sig.by_step()[1] if k.startswith(("watch:model", "watch:optimizer"))]
+    assert "watch:net.params" in sig.by_step()[1] and "watch:opt.state" in sig.by_step()[1]
 
 
 def test_auto_off_records_only_the_explicit_calls(in_rank):
