@@ -69,8 +69,12 @@ def global_ids(run: dict[int, Signature], key: str, steps: Iterable[int]) -> Opt
 
 
 def identity_keys(run: dict[int, Signature]) -> list[str]:
+    """The identity keys a run recorded; the input ids only when the trainer recorded no
+    sample ids of its own (those say what a sample is, on any topology: the inputs of a
+    rank's batch need not be a function of its samples' ids)."""
     keys = {k for sig in run.values() for _, values in sig.steps for k in values}
-    return sorted(k for k in keys if is_identity_key(k))
+    found = sorted(k for k in keys if is_identity_key(k))
+    return found if found == [CONTENT_KEY] else [k for k in found if k != CONTENT_KEY]
 
 
 @dataclass

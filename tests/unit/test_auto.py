@@ -269,3 +269,12 @@ def test_the_input_ids_are_accounted_as_sample_ids():
     (found,) = account(run(base), run(replay), 3, 6)
     assert "6 samples never seen" in found.text() and "6 samples seen twice" in found.text()
     assert "consumed at steps 4-6 the samples of steps 1-3, in order" in found.text()
+
+
+def test_the_trainers_own_sample_ids_are_accounted_instead_of_the_input_ids():
+    from pytest_resume_equiv.compare.accounting import CONTENT_KEY, identity_keys
+    from pytest_resume_equiv.signature import Signature
+
+    both = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5], "sample_ids": [1]})], True)}
+    alone = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5]})], True)}
+    assert identity_keys(both) == ["sample_ids"] and identity_keys(alone) == [CONTENT_KEY]
