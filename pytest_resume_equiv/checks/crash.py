@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..compare import facts
 from ..diagnose import Diagnosis
+from ..diagnose.classes import TORN_CHECKPOINT
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import crash_record_path
@@ -38,7 +39,7 @@ def torn_cause(row: Row) -> Diagnosis:
         "torn or mixed (parts of it from different saves, or missing). Fix: write each "
         "checkpoint into a temporary folder and rename it once complete, write pointer files "
         "last, and on resume load only a checkpoint that is complete",
-        "torn checkpoint",
+        TORN_CHECKPOINT,
     )
 
 

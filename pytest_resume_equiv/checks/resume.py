@@ -18,6 +18,7 @@ from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
 from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
+from ..diagnose.classes import FRESH_PROCESS, SAVED_WRONG_BY_ITS_WRITER
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
@@ -25,7 +26,7 @@ from ..plan import PlannedLaunch, Planner
 from ..rank.layout import AUTO, is_audit_key, section_of, target_file, watched_subject
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
-from .within_noise import FRESH_PROCESS, fresh_process, rejudge
+from .within_noise import fresh_process, rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
@@ -107,7 +108,7 @@ def _saved_wrong_by_source(
         "state that was not its live one (a state dict taken before its own load, or an "
         "object the load replaced). Fix: take each object's state_dict() when saving, from "
         "the objects the training uses after the load",
-        "saved wrong by the launch that wrote it",
+        SAVED_WRONG_BY_ITS_WRITER,
     )
 
 

@@ -18,10 +18,9 @@ from ..compare.gate import GateFacts
 from ..compare.noise import NoiseFacts, rounding_level, scaled_to, split_value
 from ..compare.tolerance import ComparisonRules
 from ..diagnose import Diagnosis, diagnose
+from ..diagnose.classes import BEYOND_MEASURED_NOISE, FRESH_PROCESS
 from ..rank.layout import is_audit_key
 from .base import Verdict
-
-FRESH_PROCESS = "resumed-process compute"
 
 
 def gate_of(verdict: Verdict) -> Optional[GateFacts]:
@@ -165,6 +164,6 @@ def rejudge(
         "cause unknown: state the audit does not see differs after the resume (record or "
         "watch() it), or the noise is larger than the runs measured it (more runs: "
         "--resume-equiv-noise-runs)",
-        "beyond the measured noise",
+        BEYOND_MEASURED_NOISE,
     )
     return judged

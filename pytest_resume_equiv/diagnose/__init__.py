@@ -18,6 +18,7 @@ from ..rank.layout import WATCH, section_of
 from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
+from .classes import DATA_ORDER, DATALOADER_WORKERS
 from .evidence import Diagnosis, Evidence
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
@@ -37,7 +38,7 @@ def diagnose(
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
     if found is None:
         found = classify_at_step(ev)
-        if found.bug_class in ("data order", "dataloader workers"):
+        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS):
             lead = drawn_before_restore(ev)
             if lead:
                 found.notes.append(lead)

@@ -9,6 +9,7 @@ from typing import Optional
 from ..compare.accounting import DataAccount
 from ..compare.diff import Comparison
 from ..compare.envelope import TopologyFacts
+from .classes import DATA_ORDER, UNKNOWN
 from .evidence import Diagnosis
 
 
@@ -25,7 +26,7 @@ def topology_diagnosis(cmp: Comparison, check: TopologyFacts) -> Optional[Diagno
             f"data not equivalent on {b} rank{'s' * (b != 1)}: over the global batch the resumed "
             f"run consumed other samples ({keys}, listed above) than the uninterrupted run on "
             f"{a}: a bug, not numeric noise",
-            "data order",
+            DATA_ORDER,
             _data_notes(check, wrong, a, b),
         )
     div = cmp.divergence
@@ -34,7 +35,7 @@ def topology_diagnosis(cmp: Comparison, check: TopologyFacts) -> Optional[Diagno
         f"the topology's noise at step {div.step}: cause unknown (per-rank state cannot be "
         "compared across topologies); resume on the same topology (without resume_nproc=) "
         "for a diagnosis",
-        "unknown",
+        UNKNOWN,
     )
 
 

@@ -17,6 +17,12 @@ from typing import Optional
 from ..rank.layout import target_file, watched, watched_part
 from ..rank.restore import is_seed
 from .causes import OBJECT_RULES, STREAM_RULES, stream_words
+from .classes import (
+    ANOTHER_STEPS_CHECKPOINT,
+    LEFT_IN_THE_WRONG_MODE,
+    RESTORED_FROM_ANOTHER_STEP,
+    TORN_CHECKPOINT,
+)
 from .evidence import Diagnosis, Evidence, touches
 from .subject import (
     equal_to_step,
@@ -67,7 +73,7 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
                 f"had changed the tensors{state}. Fix: finish the save (or copy the state it "
                 "writes) before the next step: a background or asynchronous save must not read "
                 "tensors the training goes on updating",
-                "torn checkpoint",
+                TORN_CHECKPOINT,
             )
         if again:
             writer, event = again[0]
@@ -77,7 +83,7 @@ def checkpoint_rewritten(ev: Evidence) -> Optional[Diagnosis]:
                 f"after step {event['after_step']}), before the resumed run loaded it: the "
                 f"resumed run loaded a later save to the same path{state}. Fix: put {{split}} in "
                 'the checkpoint path (one checkpoint per split), or use interrupt="stop"',
-                "restored from another step",
+                RESTORED_FROM_ANOTHER_STEP,
             )
     return None
 
@@ -128,7 +134,7 @@ def other_checkpoint(ev: Evidence) -> Optional[Diagnosis]:
             f"uninterrupted run wrote after step {step}, while the resume was pointed at "
             f"{given}{state}. Fix: load the checkpoint the resume was pointed at ({given}); a "
             "newest folder or a `latest` pointer moves on as later checkpoints are written",
-            "another step's checkpoint loaded",
+            ANOTHER_STEPS_CHECKPOINT,
         )
     return None
 
@@ -156,7 +162,7 @@ def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
                 f"eval mode in the {run} run only. Fix: give every module the mode the "
                 "uninterrupted run has there (model.train() after loading, or save and restore "
                 "the flags the training changes)",
-                "left in the wrong mode",
+                LEFT_IN_THE_WRONG_MODE,
             )
     return None
 

@@ -12,6 +12,7 @@ from typing import Optional
 from ..compare.accounting import is_identity_key
 from ..rank.layout import (
     DEVICE_KINDS,
+    RNG,
     WATCH,
     generator_site,
     is_audit_key,
@@ -24,6 +25,28 @@ from ..rank.layout import (
 )
 from ..signature import scalar
 from .causes import stream_words
+from .classes import (
+    BUFFERS,
+    COMPUTED_DIFFERENTLY,
+    DATA_ORDER,
+    DATALOADER_WORKERS,
+    DEVICE_RNG,
+    GRADIENT_ACCUMULATION,
+    LR_SCHEDULER_MISSING,
+    LR_SCHEDULER_OFF_BY_ONE,
+    MASTER_WEIGHTS,
+    OPTIMIZER_STATE,
+    OWNED_GENERATOR,
+    PER_RANK_RNG_COLLAPSED,
+    SKIPPED_AGAIN,
+    TORN_CHECKPOINT,
+    TRAIN_EVAL_FLAGS,
+    UNAUDITED_INPUT,
+    UNAUDITED_STATE,
+    WATCHED_STATE,
+    rng_before_iterator,
+    rng_stream,
+)
 from .evidence import (
     ROUNDING,
     Diagnosis,
@@ -61,7 +84,7 @@ def _owned_generator(ev: Evidence) -> Optional[Diagnosis]:
                 "generators match: its state was not restored (a module or sampler owns a "
                 "torch.Generator and re-seeds it when constructed). Fix: save its state and load "
                 "it after building it, generator.get_state() / generator.set_state()",
-                "owned generator",
+                OWNED_GENERATOR,
             )
     return None
 
@@ -77,7 +100,7 @@ def _seeded_from_parent(ev: Evidence, rank: int, key: str) -> Diagnosis:
         "it). Fix: restore it to the state saved before the epoch's iterator started, before "
         "starting the iterator again, or give the DataLoader a generator of its own "
         "(DataLoader(generator=g)) and save and restore g's state",
-        f"{stream_kind(parent)} RNG before the iterator started",
+        rng_before_iterator(stream_kind(parent)),
     )
 
 
@@ -115,19 +138,20 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
                     f"{other}'s: one rank's RNG state was loaded into another (a checkpoint file "
                     "that only rank 0 writes holds only rank 0's). Fix: save each rank's own "
                     "state, keyed by its global rank, not its local rank",
-                    "per-rank RNG collapsed",
+                    PER_RANK_RNG_COLLAPSED,
                 )
             if name in stream_words:
                 what, why = stream_words[name]
                 return Diagnosis(
-                    f"{ev.where(rank)}: {what} differs: it was not restored ({why})", f"{name} RNG"
+                    f"{ev.where(rank)}: {what} differs: it was not restored ({why})",
+                    rng_stream(name),
                 )
             return Diagnosis(
                 f"{ev.where(rank)}: the {kind} RNG of device {name} differs: device RNG not restored "
                 f"(torch.{kind}.get_rng_state_all() not saved, or only the current device "
                 f"restored). Fix: save torch.{kind}.get_rng_state_all() and restore every "
                 f"device's with torch.{kind}.set_rng_state_all()",
-                "device RNG",
+                DEVICE_RNG,
             )
     return None
 
@@ -143,7 +167,7 @@ def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
                 "counter or the partially accumulated gradients were not restored. Fix: save "
                 "the micro-step counter (and the accumulated gradients, or checkpoint only at "
                 "an optimizer step) and restore them",
-                "gradient accumulation",
+                GRADIENT_ACCUMULATION,
             )
     return None
 
@@ -164,7 +188,7 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
                 "its steps from the resume, not from the start: the LR scheduler was not "
                 f"restored{warmup}. Fix: save scheduler.state_dict() with the checkpoint and "
                 "load it after building the scheduler",
-                "LR scheduler missing",
+                LR_SCHEDULER_MISSING,
             )
         shift = lr_shift(ev.base, ev.res, rank, ev.step, lr[0])
         if restarted is False or shift is not None:
@@ -173,14 +197,14 @@ def _learning_rate(ev: Evidence) -> Optional[Diagnosis]:
                 "scheduler was saved before its step, or rebuilt/stepped after the optimizer "
                 "state was loaded. Fix: save the scheduler after its step, and do not step it "
                 "after load_state_dict",
-                "LR scheduler off by one",
+                LR_SCHEDULER_OFF_BY_ONE,
             )
         return Diagnosis(
             f"{ev.where(rank)}: the learning rate differs ({which}) before any other watched "
             f"state explains it: the LR scheduler was not restored{warmup}. Fix: save "
             "scheduler.state_dict() with the checkpoint and load it after building the "
             "scheduler",
-            "LR scheduler missing",
+            LR_SCHEDULER_MISSING,
         )
     return None
 
@@ -211,7 +235,7 @@ def _data(ev: Evidence) -> Optional[Diagnosis]:
                 "(derived from a main-process RNG when the iterator is made) were not restored. "
                 "Fix: restore the RNG the loader draws its base seed from before the iterator "
                 "starts (or give the DataLoader a generator of its own, saved and restored)",
-                "dataloader workers",
+                DATALOADER_WORKERS,
             )
     return None
 
@@ -243,7 +267,7 @@ def _data_order(ev: Evidence, rank: int, key: str) -> Diagnosis:
             "iterating (set_epoch(saved_epoch)) when its shuffle is seeded by the epoch; "
             "otherwise save the shuffling generator's state from before the epoch's "
             "permutation was drawn and set it before the iterator starts",
-            "data order",
+            DATA_ORDER,
         )
     return Diagnosis(
         f"{ev.where(rank)}: sample ids differ ({key}) while every audited RNG stream matches: "
@@ -251,7 +275,7 @@ def _data_order(ev: Evidence, rank: int, key: str) -> Diagnosis:
         "of batches skipped after resuming). Fix: restore the loader's state before "
         "iterating (its epoch, its shuffling generator, and skip exactly the batches the "
         "saved steps consumed), or record the loader with watch() and the report names which",
-        "data order",
+        DATA_ORDER,
     )
 
 
@@ -277,7 +301,7 @@ def _prefetched(ev: Evidence, rank: int, inputs: list[str]) -> Optional[Diagnosi
                 "end of the step before) and is not in it. Fix: skip exactly the batches "
                 "consumed, and save a prefetched batch (or its indices) with the checkpoint, or "
                 "fetch each batch at the top of its own step",
-                "data order",
+                DATA_ORDER,
             )
     return None
 
@@ -300,7 +324,7 @@ def _skipped_again(ev: Evidence, rank: int, key: str) -> Optional[Diagnosis]:
         "by a persistent dataloader worker that keeps the restored per-worker state into the "
         "next epoch. Fix: apply the resume's skip once and reset it in the worker (or restart "
         "the workers after the first epoch)",
-        "skipped again",
+        SKIPPED_AGAIN,
     )
 
 
@@ -316,7 +340,7 @@ def _modes(ev: Evidence) -> Optional[Diagnosis]:
                     "in one run only): a submodule's mode is not the same after the resume. Fix: "
                     "call model.train() after loading (and after any eval), or save and restore "
                     "the flags the training changes",
-                    "train/eval flags",
+                    TRAIN_EVAL_FLAGS,
                 )
     return None
 
@@ -352,7 +376,7 @@ def _wrong_weights(ev: Evidence) -> Optional[Diagnosis]:
                 "asynchronous or torn checkpoint written after the tensors changed, or the wrong "
                 "checkpoint loaded). Fix: load the checkpoint saved at the split, and finish "
                 "(or copy the state of) a save before the next step changes the tensors",
-                "torn checkpoint",
+                TORN_CHECKPOINT,
             )
     return None
 
@@ -369,7 +393,7 @@ def _unseen_input(ev: Evidence, rank: int, user: list[str]) -> Diagnosis:
         "(augmentation drawn in dataloader workers, which a resume re-seeds) or an unwatched "
         "object. Fix: record the batch's content (e.g. x=batch) or watch() the object, and the "
         "report names which",
-        "unaudited input",
+        UNAUDITED_INPUT,
     )
 
 
@@ -386,7 +410,7 @@ def _buffers(ev: Evidence) -> Optional[Diagnosis]:
                     "running statistics) were not saved/restored, or saved from rank 0 only. Fix: "
                     "save and load the whole state_dict(), buffers included, from every rank "
                     "that holds its own",
-                    "buffers",
+                    BUFFERS,
                 )
     return None
 
@@ -408,7 +432,7 @@ def _master_weights(ev: Evidence) -> Optional[Diagnosis]:
                     f"differ only at rounding level (relative {gap:.1e}): fp32 master weights were "
                     "rebuilt from the low-precision model weights instead of being saved. Fix: "
                     "save the optimizer's fp32 master weights and load them back",
-                    "master weights",
+                    MASTER_WEIGHTS,
                 )
     return None
 
@@ -427,7 +451,7 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                     "counts were not saved, or were reset after loading. Fix: save "
                     "optimizer.state_dict() after the optimizer step and load it after building "
                     "the optimizer (not before a reset or a re-creation)",
-                    "optimizer state",
+                    OPTIMIZER_STATE,
                 )
     for rank, keys in ev.differing.items():
         for key in keys:
@@ -440,7 +464,7 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                     f"{ev.where(rank)}: the watched object '{obj}' differs ({section} {name}): its "
                     "state was not saved or not restored (an EMA, loss scaler or similar). Fix: "
                     f"save '{obj}''s state_dict() with the checkpoint and load it back",
-                    "watched state",
+                    WATCHED_STATE,
                 )
     for rank, keys in ev.differing.items():
         params = [k for k in keys if watched_part(k) == "params"]
@@ -453,7 +477,7 @@ def _optimizer_or_watched(ev: Evidence) -> Optional[Diagnosis]:
                 "the optimizer state (moments, step count) was not restored exactly. Fix: save "
                 "optimizer.state_dict() after the optimizer step and load it back; watch() the "
                 "optimizer to see which entry",
-                "optimizer state",
+                OPTIMIZER_STATE,
             )
     return None
 
@@ -467,7 +491,7 @@ def _unaudited(ev: Evidence) -> Diagnosis:
         "and watched state matches: state the audit does not see was not restored (data "
         "loader position, per-rank counters, a custom object). Fix: save and restore that state; "
         "record its inputs or watch() it, and the report names which",
-        "unaudited state",
+        UNAUDITED_STATE,
     )
 
 
@@ -492,9 +516,9 @@ def _computed_differently(ev: Evidence) -> Diagnosis:
     else: the cause is in what the audit did not see, never in how a watched object or an
     audited stream was saved or restored (that would contradict the resume point)."""
     rank, keys = next(iter(ev.differing.items()))
-    base, res = ev.points(rank)
+    _, res = ev.points(rank)
     watched_objects = sorted({k.rpartition(".")[0] for k in (res or {}).get(WATCH, {})})
-    streams = len((res or {}).get("rng", {}))
+    streams = len((res or {}).get(RNG, {}))
     seen = ", ".join(f"'{o}'" for o in watched_objects) or "no watched object"
     which = (
         "the first resumed step"
@@ -519,7 +543,7 @@ def _computed_differently(ev: Evidence) -> Diagnosis:
         f"KV cache), counters and flags of the training loop.{noise} Fix: save and restore "
         "that state with the checkpoint; watch() the object you suspect (or record its "
         "value) and the report names it",
-        "computed differently after an exact resume",
+        COMPUTED_DIFFERENTLY,
     )
 
 

@@ -20,6 +20,26 @@ from ..rank.layout import (
 )
 from ..rank.trace import FORWARD
 from ..signature import readable
+from .classes import (
+    BUFFERS,
+    DATA_LOADER_STATE,
+    LR_SCHEDULER_OFF_BY_ONE,
+    NEVER_RESTORED,
+    OPTIMIZER_STATE_MISSING,
+    REPEATED_BEFORE_THE_RESUME,
+    REPLAYED_EPOCH,
+    RESEEDED_AFTER_LOADING,
+    RESTORED_AT_REDUCED_PRECISION,
+    RESTORED_FROM_ANOTHER_RANK,
+    RESTORED_FROM_ANOTHER_STEP,
+    RESTORED_THEN_ADVANCED,
+    RESTORED_TOO_LATE,
+    RESTORED_WRONG,
+    TORN_CHECKPOINT,
+    WATCHED_STATE,
+    kind_never_restored,
+    rng_before_iterator,
+)
 from .evidence import ROUNDING, Diagnosis, first_diff_name, norm_gap
 from .replay import replayed_epoch
 from .subject import Subject, equal_to_step, point_value
@@ -53,7 +73,7 @@ def from_other_rank(s: Subject) -> Optional[Diagnosis]:
                     f"rank {s.rank} was restored from rank {other}'s. Fix: save each rank's own "
                     "state, keyed by its global rank (a file only rank 0 writes holds only rank "
                     "0's)",
-                    "restored from another rank",
+                    RESTORED_FROM_ANOTHER_RANK,
                 )
     return None
 
@@ -83,7 +103,7 @@ def derived_from_parent(s: Subject) -> Optional[Diagnosis]:
         f"restore {parent_words} to the state saved before the epoch's iterator started "
         f"({HOW.get(stream_kind(parent), 'set_rng_state')}), or give the DataLoader a generator "
         "of its own (DataLoader(generator=g)) and save and restore g's state",
-        f"{stream_kind(parent)} RNG before the iterator started",
+        rng_before_iterator(stream_kind(parent)),
     )
 
 
@@ -99,7 +119,7 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
             "resumed epoch draws the permutation of the first one. Fix: save the generator's "
             "state from before the epoch's permutation was drawn and set_state() it before the "
             "iterator starts (after any seeding), or derive the shuffle from (seed, epoch)",
-            "replayed epoch",
+            REPLAYED_EPOCH,
         )
     if stream_kind(s.name) == GENERATOR and not s.before_resume and len(s.restores) == 1:
         return Diagnosis(
@@ -107,13 +127,13 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
             f"read ({call['call']} at {call['at']}) and never given its saved state: whatever "
             "owns it seeds it when it is built. Fix: save its state and load it after building "
             f"it, {GENERATOR_HOW}",
-            "never restored",
+            NEVER_RESTORED,
         )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was seeded again after the checkpoint was read ({call['call']} at "
         f"{call['at']}), which replaces the restored state. Fix: seed before loading, or restore "
         f"the stream after seeding ({_how(s.name)})",
-        "re-seeded after loading",
+        RESEEDED_AFTER_LOADING,
     )
 
 
@@ -148,7 +168,7 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
             "sampled at the top of the iteration that saves). Fix: do not run that code again "
             "at the resume iteration (or save the checkpoint before it runs), or give that code "
             "a generator of its own",
-            "repeated before the resume",
+            REPEATED_BEFORE_THE_RESUME,
         )
     extra_draws = [
         d
@@ -183,7 +203,7 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
         f"{restore['at']}) and then advanced by {total} draw{'s' * (total > 1)} before the first "
         f"resumed step that the uninterrupted run does not make there: {ops}. Fix: "
         + "; otherwise ".join(fixes),
-        "restored then advanced",
+        RESTORED_THEN_ADVANCED,
     )
 
 
@@ -246,7 +266,7 @@ def restored_too_late(s: Subject) -> Optional[Diagnosis]:
         f"{restore['at']}) only after it had been drawn from ({d['op']} at {d['at']}), a draw "
         "the uninterrupted run makes from the restored state: what it made came from the "
         "unrestored stream. Fix: restore the stream before that code runs",
-        "restored too late",
+        RESTORED_TOO_LATE,
     )
 
 
@@ -267,13 +287,13 @@ def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
             "epoch draws the permutation of the first one. Fix: save the generator's state "
             "from before the epoch's permutation was drawn and set_state() it before the "
             "iterator starts, or derive the shuffle from (seed, epoch)",
-            "replayed epoch",
+            REPLAYED_EPOCH,
         )
     return Diagnosis(
         f"{s.where()}: {stream_words(s.name)} was never restored (no {calls} call for it after "
         f"the checkpoint was read) and differs at the resume point. Fix: save and restore it, "
         f"{how}",
-        "never restored",
+        NEVER_RESTORED,
     )
 
 
@@ -303,7 +323,7 @@ def stream_restored_wrong(s: Subject) -> Diagnosis:
         "from the uninterrupted run's at the resume point, with no extra draw in between: the "
         "saved state is not the one at the split. Fix: save the stream's state after the step "
         "that ends at the split, next to the weights",
-        "restored wrong",
+        RESTORED_WRONG,
     )
 
 
@@ -318,7 +338,7 @@ def object_never_restored(s: Subject) -> Optional[Diagnosis]:
     return Diagnosis(
         f"{s.where()}: {KINDS[s.kind]} '{s.label}' was never restored (no load_state_dict "
         f"call restored it): {words}. Fix: save and load its state_dict()",
-        f"{s.kind} never restored",
+        kind_never_restored(s.kind),
     )
 
 
@@ -367,7 +387,7 @@ def loader_parts(s: Subject) -> Optional[Diagnosis]:
         f"{s.where()}: the data loader '{s.label}' was not restored as saved: "
         + ", ".join(shown)
         + f" differ{'s' * (len(parts) == 1)} at the resume point. Fix: {fixes}",
-        "data loader state",
+        DATA_LOADER_STATE,
     )
 
 
@@ -386,7 +406,7 @@ def optimizer_partial(s: Subject) -> Optional[Diagnosis]:
     return Diagnosis(
         f"{s.where()}: the optimizer state of '{s.label}' is missing or partial at the resume "
         f"point ({what}). Fix: save and load optimizer.state_dict(), after the optimizer step",
-        "optimizer state missing",
+        OPTIMIZER_STATE_MISSING,
     )
 
 
@@ -403,7 +423,7 @@ def reduced_precision(s: Subject) -> Optional[Diagnosis]:
                 f"{s.where()}: at the resume point {what} differ only at low-precision rounding "
                 f"level (relative {gap:.1e}): restored at reduced precision. Fix: save the fp32 "
                 "master weights instead of rebuilding them from the bf16/fp16 weights",
-                "restored at reduced precision",
+                RESTORED_AT_REDUCED_PRECISION,
             )
     return None
 
@@ -417,7 +437,7 @@ def scheduler_shifted(s: Subject) -> Optional[Diagnosis]:
         f"{s.where()}: the LR scheduler '{s.label}' is {'one step ahead' if b > a else 'one step behind'} "
         "at the resume point: it was stepped again after loading, or saved before its step. "
         "Fix: save the scheduler after its step; do not step it after load_state_dict",
-        "LR scheduler off by one",
+        LR_SCHEDULER_OFF_BY_ONE,
     )
 
 
@@ -431,7 +451,7 @@ def buffers_only(s: Subject) -> Optional[Diagnosis]:
         "the resume point: buffers (BatchNorm running statistics) were left out of the saved or "
         "loaded state (strict=False?), or saved from rank 0 only. Fix: save and load the whole "
         "state_dict(), buffers included",
-        "buffers",
+        BUFFERS,
     )
 
 
@@ -450,13 +470,13 @@ def from_other_step(s: Subject) -> Optional[Diagnosis]:
             "staged). Fix: copy the state when the save starts (dcp.async_save stages a copy; a "
             "background torch.save needs a deep copy) or wait for the write before the next "
             "step changes it",
-            "torn checkpoint",
+            TORN_CHECKPOINT,
         )
     return Diagnosis(
         f"{s.where()}: '{s.label}' at the resume point is the uninterrupted run's state after "
         f"step {later}, not step {s.ev.split}: an older checkpoint was loaded. Fix: load the "
         "checkpoint saved at the split",
-        "restored from another step",
+        RESTORED_FROM_ANOTHER_STEP,
     )
 
 
@@ -469,7 +489,7 @@ def object_restored_wrong(s: Subject) -> Diagnosis:
         f"point ({split_key(key)[1]}{f' {name}' if name else ''}): its state was not restored as saved. "
         "Fix: save its state_dict() after the step that ends at the split and load it back "
         "into this object",
-        "watched state",
+        WATCHED_STATE,
     )
 
 
