@@ -3,7 +3,7 @@ trainer.
 
 A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration
 is told apart by what happens between optimizer steps: the optimizer steps with no forward
-(of any module, in training mode) and no `backward()` between them make one step (a trainer
+(of an outermost module in training mode) and no `backward()` between them make one step (a trainer
 that steps two optimizers one after the other, or one optimizer per parameter group, records
 one step); a forward or a backward after a step starts the next one. An optimizer that steps
 again with nothing between starts a new step too. A step that the trainer skipped (a
@@ -17,9 +17,9 @@ sample given to the outermost module's forward in training mode (a module with p
 loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
 the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
 sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `skipped` when no optimizer step ran. The
-optimizers that stepped, the LR schedulers built and the outermost trained modules are found
-here and audited as the watched objects are (rank/watch.py), under the names `found` gives.
+(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer and LR
+scheduler built and the outermost trained modules are found here and audited as the watched
+objects are (rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
