@@ -115,6 +115,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     _collected(session.config, session.items)
+    _prestart_fork_server(session)
+
+
+def _prestart_fork_server(session: pytest.Session) -> None:
+    """Start the fork server as soon as this process knows it will launch resume tests (some
+    are selected, on a device named outright, with the server on): its imports (torch,
+    `torch._dynamo`, seconds of CPU) then overlap pytest's own work before the first launch.
+    With `--resume-equiv-device=auto` the tests may all skip (no accelerator): the server
+    starts on first use, as before."""
+    settings = _session(session.config).settings
+    if settings.error or settings["fork_server"] != "on" or settings["device"] == "auto":
+        return
+    if not launcher_named(settings["launcher"], settings["slurm_args"]).can_fork:
+        return
+    if any(item.get_closest_marker(MARKER) is not None for item in session.items):
+        ForkServer.prestart(settings["preload"])
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

@@ -49,9 +49,17 @@ IMPORT_TIME_PREFIXES = (
     "GOMP_",
     "OPENBLAS_",
     "MALLOC_",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+    "INDUCTOR_",
+    "AOT_",
+    "AOTINDUCTOR_",
+    "SYMPY_",
 )
-"""Variables read when torch (or the interpreter, or its C libraries) loads: a launch that
-sets one to another value than the server started with cannot be forked from it."""
+"""Variables read when torch (or the interpreter, or its C libraries) loads, `torch._dynamo`
+included (its config and inductor's, and sympy, read theirs at import; the server imports
+it): a launch that sets one to another value than the server started with cannot be forked
+from it."""
 AFTER_IMPORT = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 """...except these, which the forked child applies itself or which are read later."""
 STOP_GRACE = 10.0
@@ -83,10 +91,12 @@ class ForkServer:
     refused: ClassVar[dict[tuple[str, ...], str]] = {}
     """Why the server for a preload list could not start: asked once per session."""
 
-    def __init__(self, preload: tuple[str, ...], env: dict[str, str]) -> None:
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], wait: bool = True) -> None:
         self.preload = preload
         self.env = dict(env)
         self.lock = threading.Lock()
+        self.ready = False
+        """Its first line has been read: it imported everything and serves."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", FORK_SERVER, *preload],
             env=self.env,
@@ -97,6 +107,14 @@ class ForkServer:
             start_new_session=True,
             preexec_fn=_die_with_pytest,
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for the server's first line (once): it has imported torch and the preload
+        modules, or it says why it cannot serve (then it is stopped, and this raises)."""
+        if self.ready:
+            return
         try:
             first = self._read(START_WAIT)
         except (ResumeEquivError, ValueError) as exc:
@@ -105,14 +123,30 @@ class ForkServer:
         if "error" in first:
             self.stop()
             raise ResumeEquivError(f"--resume-equiv-preload: {first['error']}")
+        self.ready = True
 
     @classmethod
     def get(cls, preload: tuple[str, ...]) -> ForkServer:
-        """This process's server for `preload`, started on first use."""
+        """This process's server for `preload`, started on first use (or by `prestart`)."""
         server = cls.running.get(preload)
-        if server is None or server.proc.poll() is not None:
-            server = cls.running[preload] = ForkServer(preload, server_env())
+        if server is None or (server.ready and server.proc.poll() is not None):
+            server = cls.running[preload] = ForkServer(preload, server_env(), wait=False)
+        try:
+            server.wait_ready()
+        except ResumeEquivError:
+            cls.running.pop(preload, None)
+            raise
         return server
+
+    @classmethod
+    def prestart(cls, preload: tuple[str, ...]) -> None:
+        """Start the server for `preload` without waiting for it: its imports (torch,
+        `torch._dynamo`: seconds of CPU) overlap what pytest does before the first launch.
+        `get` waits for it; a server that cannot start is found there, as without this."""
+        if preload in cls.running or preload in cls.refused:
+            return
+        with contextlib.suppress(OSError):
+            cls.running[preload] = ForkServer(preload, server_env(), wait=False)
 
     @classmethod
     def stop_all(cls) -> None:
@@ -126,12 +160,17 @@ class ForkServer:
         deadline = time.monotonic() + timeout
         line = ""
         while not line:
-            if time.monotonic() > deadline or self.proc.poll() is not None:
+            if time.monotonic() > deadline:
+                raise ResumeEquivError(
+                    f"the fork server did not answer in {timeout:.0f}s; run with "
+                    "--resume-equiv-fork-server=off to start every rank plainly"
+                )
+            line = self.proc.stdout.readline()  # what it wrote before it left counts too
+            if not line and self.proc.poll() is not None:
                 raise ResumeEquivError(
                     f"the fork server did not answer (exit status {self.proc.poll()}); "
                     "run with --resume-equiv-fork-server=off to start every rank plainly"
                 )
-            line = self.proc.stdout.readline()
         return json.loads(line)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +299,9 @@ def agents_for(spec: LaunchSpec, env: dict[str, str]) -> Agents:
     plain = launcher_agents(spec)
     if not (spec.fork_server and spec.launcher.can_fork and spec.nnodes == 1):
         return plain
-    refusal = fork_refusal(server_env(), env) or ForkServer.refused.get(spec.preload, "")
+    running = ForkServer.running.get(spec.preload)
+    started_with = running.env if running is not None else server_env()
+    refusal = fork_refusal(started_with, env) or ForkServer.refused.get(spec.preload, "")
     if not refusal:
         try:
             return Forked(ForkServer.get(spec.preload))

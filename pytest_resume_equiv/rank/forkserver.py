@@ -24,6 +24,7 @@ process for everything the training does (`bootstrap.main` makes all per-rank st
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -37,11 +38,13 @@ BASE_MODULES = (
     "torch",
     "torch.distributed",
     "torch.optim",
+    "torch._dynamo",
     "pytest_resume_equiv.rank.bootstrap",
 )
-"""Not `torch._dynamo` (the import the first optimizer step pays, ~2 s of CPU per rank):
-imported here, 3 of 15 forked 2-rank launches of examples/minimal hung for good in a gloo
-destructor after `destroy_process_group()`; 0 of 15 without it (docs/performance.md)."""
+"""`torch._dynamo` is what the first `torch.optim` optimizer step imports (~2 s of CPU per
+rank): imported here once, a forked launch does not pay it. With it imported, a forked rank
+reaches its teardown so fast that it met a torch deadlock (`keep_process_groups`) in 3 of 15
+launches; forked ranks are kept out of it (docs/performance.md)."""
 
 
 def thread_count() -> int:
@@ -224,6 +227,7 @@ class Server:
             sys.path_importer_cache.clear()
             importlib.invalidate_caches()
             sys.argv = [sys.argv[0], *argv]
+            keep_process_groups()
             from . import bootstrap
 
             bootstrap.main(argv)  # leaves with os._exit
@@ -238,6 +242,53 @@ class Server:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
+
+
+KEPT_GROUPS: list[object] = []
+"""The process groups a forked rank destroyed, alive until it leaves (`keep_process_groups`)."""
+
+
+def keep_process_groups() -> None:
+    """Make `destroy_process_group()` keep the groups it destroys alive until the rank leaves
+    (with `os._exit`, which runs no destructor), so `~ProcessGroupGloo` never runs.
+
+    Why: every collective that DDP starts inside `backward()` captures the thread's
+    `at::ThreadLocalState`, which holds the Python context that
+    `torch.autograd.graph._engine_run_backward` stashes in the thread (`_stash_obj_in_tls`).
+    The gloo worker thread (`pt_gloo_runloop`) that runs the collective often drops the last
+    reference to it, and freeing it takes the GIL (`SafePyObject`). If the trainer's main
+    thread, holding the GIL, frees the last reference to the process group first (a DDP module
+    going out of scope after `destroy_process_group()`), `~ProcessGroupGloo` joins that worker
+    thread while it waits for the GIL: a deadlock, for good (seen with gdb: main thread in
+    `std::thread::join` under `~ProcessGroupGloo`, the worker in `take_gil` under
+    `~AsyncAllreduceWork`). A rank that does not import `torch._dynamo` at its first step
+    gets there too late to meet it; a forked rank, with dynamo imported by the server, met it
+    in 2-3 of 15 two-rank launches of examples/minimal. Destroying a group still does all it
+    did (the group leaves every registry, its name can be reused); only the C++ object and its
+    idle threads live until the process ends, as they do in a trainer that never destroys."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+    except ImportError:
+        return
+    if not dist.is_available():
+        return
+    real = distributed_c10d.destroy_process_group
+    if getattr(real, "keeps_groups", False):
+        return
+
+    @functools.wraps(real)
+    def destroy_process_group(group: Optional[Any] = None) -> None:
+        world = getattr(distributed_c10d, "_world", None)
+        if group is not None:
+            KEPT_GROUPS.append(group)
+        elif world is not None:
+            KEPT_GROUPS.extend(list(world.pg_map))
+        real(group)
+
+    destroy_process_group.keeps_groups = True  # type: ignore[attr-defined]
+    distributed_c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
 
 
 def _returncode(status: int) -> int:
@@ -270,4 +321,8 @@ def main(modules: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main([m for m in sys.argv[1:] if m])
+    # run as the package's module, not as __main__: a forked rank that imports this module
+    # (its KEPT_GROUPS, say) then finds the server's, not a second copy
+    from pytest_resume_equiv.rank import forkserver
+
+    forkserver.main([m for m in sys.argv[1:] if m])

@@ -29,6 +29,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # previous launch leaked into it.
 PROBE = """
 import json, os, random, sys
+dynamo_at_start = "torch._dynamo" in sys.modules
 import numpy, torch
 import pytest_resume_equiv.rank.bootstrap as bootstrap
 
@@ -53,8 +54,13 @@ facts = {
     "path0": sys.path[0],
     "threads": torch.get_num_threads(),
     "cuda": torch.cuda.is_initialized(),
+    "dynamo_at_start": dynamo_at_start,
 }
+group = torch.distributed.group.WORLD
 torch.distributed.destroy_process_group()
+from pytest_resume_equiv.rank import forkserver
+facts["kept"] = [g is group for g in forkserver.KEPT_GROUPS]
+facts["destroyed"] = not torch.distributed.is_initialized()
 rank = os.environ["RANK"]
 with open(os.path.join(os.environ["PROBE_DIR"], f"{os.environ['PROBE_TAG']}-{rank}.json"), "w") as f:
     json.dump(facts, f)
@@ -104,6 +110,13 @@ def test_a_forked_rank_is_a_fresh_process_with_torchruns_environment(tmp_path, p
             assert facts["cwd"] == plain[rank]["cwd"] == str(tmp_path)
             assert facts["path0"] == str(tmp_path)  # sys.path[0] of `python -m` in the cwd
             assert facts["threads"] == plain[rank]["threads"]
+            # the server imported torch._dynamo (the first optimizer step does not pay it),
+            # and destroy_process_group() keeps the group alive until the rank leaves: its
+            # destructor can deadlock on the GIL with a gloo worker thread
+            # (forkserver.keep_process_groups). Destroying still does what it did.
+            assert facts["dynamo_at_start"] and not plain[rank]["dynamo_at_start"]
+            assert facts["kept"] == [True] and plain[rank]["kept"] == []
+            assert facts["destroyed"] and plain[rank]["destroyed"]
     assert forked[0]["python"] != forked[1]["python"]  # seeded per rank, as today
 
 
@@ -139,6 +152,9 @@ def test_an_import_time_switch_in_env_starts_plainly_and_says_why(tmp_path):
         "PYTORCH_NO_CUDA_MEMORY_CACHING, read when torch is imported"
     )
     assert "LD_PRELOAD" in fork_refusal({}, {"LD_PRELOAD": "x.so"})
+    # read when torch._dynamo (which the server imports) loads its config and inductor's
+    for name in ("TORCHDYNAMO_VERBOSE", "TORCHINDUCTOR_FREEZING", "SYMPY_USE_CACHE"):
+        assert name in fork_refusal({}, {name: "1"})
     assert fork_refusal({}, {"CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": "x", "A": "b"}) == ""
 
 
@@ -223,3 +239,22 @@ def test_sigkill_of_pytest_leaves_no_server_and_no_rank(trainers, tmp_path):
     while processes_mentioning(str(trainers.path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(trainers.path)) == []
+
+
+def test_a_prestarted_server_serves_and_its_refusal_comes_at_first_use():
+    """`prestart` (at collection, when resume tests will launch) starts the server without
+    waiting for its imports; the first launch waits for it. A server that cannot serve has
+    written why and left by then: its own reason is read, not a bare exit status."""
+    try:
+        ForkServer.prestart(())
+        server = ForkServer.running[()]
+        assert ForkServer.get(()) is server and server.ready
+        ForkServer.prestart(())  # one per preload list
+        assert ForkServer.running[()] is server
+        ForkServer.prestart(("no_such_module_here",))
+        ForkServer.running[("no_such_module_here",)].proc.wait(timeout=120)
+        with pytest.raises(ResumeEquivError, match="importing no_such_module_here failed"):
+            ForkServer.get(("no_such_module_here",))
+        assert ("no_such_module_here",) not in ForkServer.running
+    finally:
+        ForkServer.stop_all()
