@@ -190,6 +190,11 @@ class Judge:
             if name not in self.outcome.ignored:
                 self.outcome.ignored.append(name)
 
+    def note_automatic(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.outcome.automatic:
+                self.outcome.automatic.append(name)
+
     def conclude(self) -> Outcome:
         """Every check's verdict, in the plan's order."""
         self.outcome.checks = [v for v in (c.final() for c in self.plan.checks) if v is not None]

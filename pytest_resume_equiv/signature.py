@@ -61,6 +61,8 @@ class Signature:
     """The file events, in order (rank/files.py)."""
     counters: dict[int, dict[str, int]] = field(default_factory=dict)
     """Step -> the step counters after it (automatic recording; not compared)."""
+    found: list[str] = field(default_factory=list)
+    """The watched objects automatic recording found itself (`model`, `optimizer`, ...)."""
     loaded: Optional[dict[str, Any]] = None
     """A resumed launch with automatic recording: the step counters its load restored
     (`{"split": N, "counters": {"optimizer": 3, "lr_scheduler": 3}}`, rank/auto.py)."""
@@ -126,6 +128,10 @@ def _read_line(signature: Signature, lineno: int, line: str) -> None:
     kind = line_kind(obj)
     if kind == END:
         signature.complete = True
+        footer = obj.get(END)
+        found = footer.get("found") if isinstance(footer, dict) else None
+        if isinstance(found, list):
+            signature.found = [str(name) for name in found]
     elif kind == RESTORE:
         signature.restores.append(_object(path, lineno, obj, RESTORE))
     elif kind == RESUME_POINT:

@@ -111,6 +111,8 @@ class Judging(Protocol):
 
     def note_ignored(self, names: list[str]) -> None: ...
 
+    def note_automatic(self, names: list[str]) -> None: ...
+
 
 class Check:
     """One check of a resume test: its launches, its handlers, its verdict and how that
@@ -225,6 +227,9 @@ class Outcome:
     training that changes nothing)."""
     ignored: list[str] = field(default_factory=list)
     """Audited items left out of the comparison (`ignore=`, `track(..., ignore=True)`)."""
+    automatic: list[str] = field(default_factory=list)
+    """What automatic recording recorded with no call in the trainer (`auto:loss`,
+    `watch:optimizer`, ...)."""
 
     @property
     def verdicts(self) -> list[Verdict]:

@@ -23,7 +23,7 @@ from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
-from ..rank.layout import is_audit_key, target_file
+from ..rank.layout import AUTO, is_audit_key, section_of, target_file, watched_subject
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
 from .within_noise import fresh_process, rejudge
@@ -165,6 +165,14 @@ def went_past(signatures: Run, split: int, name: str) -> str:
     )
 
 
+def recorded_automatically(signatures: Run) -> list[str]:
+    """What automatic recording recorded in a run with no call in the trainer: its `auto:`
+    keys and the watched objects it found itself, in the order the audit names them."""
+    keys = {k for sig in signatures.values() for _, values in sig.steps for k in values}
+    found = {watched_subject(n) for sig in signatures.values() for n in sig.found}
+    return sorted(k for k in keys if section_of(k) == AUTO) + sorted(found)
+
+
 def nothing_trains(signatures: Run) -> str:
     """A warning when the uninterrupted run changes nothing: every recorded value is the same
     at every step, or the watched parameters never change. Such a test proves little."""
@@ -201,6 +209,7 @@ class ResumeLike(Check):
     def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
         if launch is self.reference:
             judge.warn(nothing_trains(judge.signatures(launch)))
+            judge.note_automatic(recorded_automatically(judge.signatures(launch)))
         if launch is self.resumed.source:
             self.warn_about_source(launch, judge)
         if launch is self.resumed:

@@ -3,8 +3,11 @@ uninterrupted run, over the global batch (every rank's ids of a step together).
 
 Sample identities are the values recorded under `sample_ids`, `ids` or any key ending in
 `_ids`: an int, a list of ints, or a small tensor of them (a tensor is kept with its values
-up to 16 elements; a bigger one only by fingerprint, which cannot be accounted). Pure: data
-in, words out. The same words hold when the resumed run has another number of ranks.
+up to 16 elements; a bigger one only by fingerprint, which cannot be accounted). Without ids,
+automatic recording's input ids (`auto:data`: each sample, a row of the batch given to the
+model, by its content) are accounted the same way: "the same samples at the same step, each
+exactly once" holds with no sample ids, over the global batch on any number of ranks. Pure: data in, words out. The same words hold
+when the resumed run has another number of ranks.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..rank.layout import TENSOR_TAG, watched_part
+from ..rank.layout import AUTO, TENSOR_TAG, audit_key, watched_part
 from ..signature import Signature
 from .step_problems import step_ranges
 
@@ -22,10 +25,14 @@ StepIds = dict[int, list[int]]
 """step -> the ids consumed at that step, every rank's in rank order."""
 
 
+CONTENT_KEY = audit_key(AUTO, "data")
+"""The input fingerprints automatic recording writes: each micro-batch by its content."""
+
+
 def is_identity_key(key: str) -> bool:
-    """Sample identities (`sample_ids`, `ids`, `*_ids`): what a step consumed, which the
-    values it computed follow from."""
-    return key in ("ids", "sample_ids") or key.endswith("_ids")
+    """Sample identities (`sample_ids`, `ids`, `*_ids`, or the input fingerprints): what a
+    step consumed, which the values it computed follow from."""
+    return key in ("ids", "sample_ids", CONTENT_KEY) or key.endswith("_ids")
 
 
 def ids_of(value: Any) -> Optional[list[int]]:
@@ -62,8 +69,12 @@ def global_ids(run: dict[int, Signature], key: str, steps: Iterable[int]) -> Opt
 
 
 def identity_keys(run: dict[int, Signature]) -> list[str]:
+    """The identity keys a run recorded; the input ids only when the trainer recorded no
+    sample ids of its own (those say what a sample is, on any topology: the inputs of a
+    rank's batch need not be a function of its samples' ids)."""
     keys = {k for sig in run.values() for _, values in sig.steps for k in values}
-    return sorted(k for k in keys if is_identity_key(k))
+    found = sorted(k for k in keys if is_identity_key(k))
+    return found if found == [CONTENT_KEY] else [k for k in found if k != CONTENT_KEY]
 
 
 @dataclass
@@ -111,6 +122,8 @@ class DataAccount:
 
     def text(self) -> str:
         """In words, for the report: which ids, and what it looks like."""
+        if self.key == CONTENT_KEY:
+            return self._content_text()
         if self.exact:
             return f"data ({self.key}): every sample consumed exactly once, at the same step"
         parts = []
@@ -136,6 +149,26 @@ class DataAccount:
                 f" (the resumed run consumed at {_steps(res)} the samples of "
                 f"{_steps(base)}: an earlier part of the data replayed)"
             )
+        return text
+
+    def _content_text(self) -> str:
+        """The input ids' account: samples counted, not listed (an id made of a content hash
+        means nothing to a reader); a replay names its steps."""
+        name = "data (the model's inputs, by content)"
+        if self.exact:
+            return f"{name}: every sample consumed exactly once, at the same step"
+        parts = []
+        for ids, what in (
+            (self.missing, "never seen"),
+            (self.fewer, "seen fewer times than in the uninterrupted run"),
+            (self.repeated, "seen twice or more" if self.twice else "seen more often"),
+            (self.moved, "consumed at another step"),
+        ):
+            if ids:
+                parts.append(f"{len(ids)} sample{'s' if len(ids) > 1 else ''} {what}")
+        text = f"{name} after the resume: " + ", ".join(parts)
+        if self.replayed:
+            text += f" ({self.replay_words()}: an earlier part of the data replayed)"
         return text
 
 

@@ -3,7 +3,7 @@ trainer.
 
 A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration
 is told apart by what happens between optimizer steps: the optimizer steps with no forward
-(of any module, in training mode) and no `backward()` between them make one step (a trainer
+(of an outermost module in training mode) and no `backward()` between them make one step (a trainer
 that steps two optimizers one after the other, or one optimizer per parameter group, records
 one step); a forward or a backward after a step starts the next one. An optimizer that steps
 again with nothing between starts a new step too. A step that the trainer skipped (a
@@ -12,12 +12,14 @@ is recorded as skipped, so the steps after it keep their numbers.
 
 Recorded per step (written when the next iteration begins, or at the end of the run):
 `loss`, the value of every tensor `backward()` was called on since the last step
-(`Tensor.backward` and `torch.autograd.backward`, one per micro-batch); `data`, a content
-fingerprint of the tensors given to the outermost module's forward in training mode (a module
-with parameters: a loss module is not the model), one per micro-batch, reduced on the device
-without a copy to the host (rank/fingerprint.py); `skipped` when no optimizer step ran. The
-optimizers that stepped, the LR schedulers built and the outermost trained modules are found
-here and audited as the watched objects are (rank/watch.py), under the names `found` gives.
+(`Tensor.backward` and `torch.autograd.backward`, one per micro-batch); `data`, an id per
+sample given to the outermost module's forward in training mode (a module with parameters: a
+loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
+the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
+sample, not per micro-batch, so the global batch is accounted on any number of ranks
+(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer and LR
+scheduler built and the outermost trained modules are found here and audited as the watched
+objects are (rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class Step:
     number: int
     """1 for the first step this process took."""
     losses: list[Any] = field(default_factory=list)
-    inputs: list[list[tuple[str, Fingerprint]]] = field(default_factory=list)
+    inputs: list[list[tuple[str, Any]]] = field(default_factory=list)
+    """Per micro-batch, what its samples are told by (`batch_parts`)."""
     optimizers: list[int] = field(default_factory=list)
     """ids of the optimizers that stepped (or were skipped) in it."""
     ran: bool = False
@@ -61,7 +64,7 @@ class StepCounter:
         self.pending: Optional[Step] = None
         """The step taken and not yet written (its iteration may step more optimizers)."""
         self.losses: list[Any] = []
-        self.inputs: list[list[tuple[str, Fingerprint]]] = []
+        self.inputs: list[list[tuple[str, Any]]] = []
         """What the iteration under way has seen so far (it goes into its step)."""
         self.ran = 0
         """Optimizer steps that ran, ever (a `GradScaler.step` that adds none skipped)."""
@@ -90,7 +93,7 @@ class StepCounter:
     def loss(self, value: Any) -> None:
         self.losses.append(value)
 
-    def batch(self, inputs: list[tuple[str, Fingerprint]]) -> None:
+    def batch(self, inputs: list[tuple[str, Any]]) -> None:
         self.inputs.append(inputs)
 
 
@@ -141,8 +144,8 @@ def _tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _fingerprint(tensor: Any) -> Fingerprint:
-    """The content hash of one input tensor, left on its device (a `Later`) until the step's
-    line is written: no copy to the host, no sync in the forward."""
+    """The content hash of one tensor, left on its device (a `Later`) until the step's line
+    is written: no copy to the host, no sync in the forward."""
     flat = local_shard(tensor)
     if flat.device.type in ("cpu", "meta") or flat.numel() == 0:
         return content_hash(flat)
@@ -150,6 +153,74 @@ def _fingerprint(tensor: Any) -> Fingerprint:
 
     digest = _digest(flat.reshape(-1).contiguous())
     return Later(digest.words, lambda words: "d" + digest.finish(words))
+
+
+_MASK64 = (1 << 64) - 1
+SAMPLE_BITS = 52
+"""Bits of a sample's id: exact in any JSON reader (a double holds 53), and far from a
+collision among the samples of a run."""
+
+
+def _row_digests(tensor: Any) -> Any:
+    """One 64-bit digest per row (dim 0) of `tensor`: a list of ints on CPU, a `Later` on a
+    device (reduced there, integer arithmetic only, no copy of the rows to the host)."""
+    import torch
+
+    local = local_shard(tensor).contiguous()
+    rows = local.shape[0]
+    raw = local.reshape(-1).view(torch.uint8).reshape(rows, -1)
+    if local.device.type == "cpu":
+        data = raw.numpy()
+        return [_hash64(data[i]) for i in range(rows)]
+    pad = (-raw.shape[1]) % 4
+    if pad:
+        raw = torch.nn.functional.pad(raw, (0, pad))
+    words = raw.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    idx = torch.arange(words.shape[1], device=words.device, dtype=torch.int64)
+    mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
+    mixed = mixed ^ (mixed >> 31)
+    first, second = mixed.sum(dim=1), (mixed * ((idx << 1) | 1)).sum(dim=1)
+
+    def finish(found: list[int]) -> list[int]:
+        return [
+            ((found[i] & _MASK64) * 0x9E3779B97F4A7C15 ^ (found[rows + i] & _MASK64)) & _MASK64
+            for i in range(rows)
+        ]
+
+    return Later(torch.cat([first, second]), finish)
+
+
+def _hash64(row: Any) -> int:
+    return int(hash_bytes(row)[:16], 16)
+
+
+def batch_parts(inputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """What a micro-batch's samples are told by: the tensors whose first dimension is the
+    batch's (the first tensor's) by row, every other tensor whole, each named by where it was
+    given, its dtype and the shape of a row."""
+    tensors = [(w, t) for w, t in inputs if t.dim() >= 1 and t.shape[0] > 0]
+    size = tensors[0][1].shape[0] if tensors else None
+    parts = []
+    for where, tensor in inputs:
+        label = f"{where}:{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape[1:])}"
+        if size is not None and tensor.dim() >= 1 and tensor.shape[0] == size:
+            parts.append((f"rows {label}", _row_digests(tensor)))
+        else:
+            parts.append((f"whole {label}", _fingerprint(tensor)))
+    return parts
+
+
+def sample_ids(parts: list[tuple[str, Any]]) -> list[int]:
+    """Each sample's id in a micro-batch (its parts resolved): its rows of every batched
+    tensor and every other tensor whole, hashed together; one id for a batch with no rows."""
+    rows = [(where, found) for where, found in parts if where.startswith("rows ")]
+    whole = "|".join(f"{where}={found}" for where, found in parts if where.startswith("whole "))
+    count = len(rows[0][1]) if rows else 1
+    out = []
+    for i in range(count):
+        text = "|".join(f"{where}={found[i]}" for where, found in rows) + "|" + whole
+        out.append(int(hash_bytes(text.encode())[:16], 16) >> (64 - SAMPLE_BITS))
+    return out
 
 
 def _loss_value(tensor: Any) -> Any:
@@ -169,11 +240,6 @@ def _float_of_bits(words: list[int]) -> Any:
     from .encode import encode_float
 
     return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])
-
-
-def batch_fingerprint(inputs: list[tuple[str, str]]) -> str:
-    """One micro-batch's fingerprint from its tensors' (where, hash)."""
-    return hash_bytes("\n".join(f"{where}={digest}" for where, digest in inputs).encode())
 
 
 class AutoRecorder:
@@ -240,9 +306,9 @@ class AutoRecorder:
             # the inputs are read here, where the global hook sees keyword arguments too
             self.depth = max(0, self.depth - 1)
             if self.depth == 0 and module.training and _has_parameters(module):
-                found = [(w, _fingerprint(t)) for w, t in _tensors(args)]
-                found += [(w, _fingerprint(t)) for w, t in _tensors(kwargs, "kw")]
-                self.counter.batch(found)
+                given = [*_tensors(args), *_tensors(kwargs, "kw")]
+                if given:
+                    self.counter.batch(batch_parts(given))
 
         self.handles = [
             optim.register_optimizer_step_pre_hook(pre_step),

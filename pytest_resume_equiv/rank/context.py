@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .auto import AutoRecorder, Step, batch_fingerprint, counters
+from .auto import AutoRecorder, Step, counters, sample_ids
 from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
@@ -307,7 +307,7 @@ class RankState:
         if held["loss"]:
             out["loss"] = held["loss"]
         if held["data"]:
-            out["data"] = [batch_fingerprint(inputs) for inputs in held["data"]]
+            out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
         if steps and all(s.skipped for s in steps):
             out["skipped"] = True
         return out
@@ -416,7 +416,7 @@ class RankState:
     def close(self) -> None:
         """The footer (and the names left out of the audit); later records are an error."""
         if self.writer is not None:
-            self.writer.close(self.generators.ignored_keys())
+            self.writer.close(self.generators.ignored_keys(), self.watched.found_as)
 
     def finish(self) -> None:
         """The user's code ended (the bootstrap): a resumed run that ran no step (it loaded a

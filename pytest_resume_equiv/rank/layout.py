@@ -289,7 +289,7 @@ SECTIONS = (
     Section(
         AUTO,
         "what automatic recording saw in the step (rank/auto.py): `loss` (one value per "
-        "backward), `data` (one input fingerprint per micro-batch), `skipped` (no optimizer "
+        "backward), `data` (an id per sample given to the model, from its content), `skipped` (no optimizer "
         "step ran)",
     ),
 )

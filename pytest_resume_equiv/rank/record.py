@@ -124,12 +124,16 @@ class SignatureWriter:
         if self.file is not None:
             self._write({RESUME_POINT: snapshot})
 
-    def close(self, ignored: list[str]) -> None:
-        """Write the footer: it tells the plugin this rank finished recording cleanly."""
+    def close(self, ignored: list[str], found: Optional[list[str]] = None) -> None:
+        """Write the footer: it tells the plugin this rank finished recording cleanly, and
+        which watched objects automatic recording found (`found`: not given to `watch`)."""
         if self.file is None:
             return
         if ignored:
             self._write({IGNORED: ignored})
-        self._write({END: {"records": self.records}})
+        footer: dict[str, Any] = {"records": self.records}
+        if found:
+            footer["found"] = found
+        self._write({END: footer})
         self.file.close()
         self.file = None

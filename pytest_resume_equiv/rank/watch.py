@@ -42,6 +42,8 @@ class Watched:
         """The objects automatic recording found (rank/auto.py), audited beside the watched
         ones: those a watched object already covers are left out, and a name the trainer
         gave to another object goes to the found one with `auto_` before it."""
+        self.found_as: list[str] = []
+        """The names the found objects were audited under (for the report)."""
 
     def watch(self, **objects: Any) -> None:
         """Fingerprint these objects at every `record` from now on (None: stop watching)."""
@@ -59,7 +61,10 @@ class Watched:
             out.update(checkpointed_objects(obj) if is_accelerator(obj) else {name: obj})
         for name, obj in self.found().items():
             if not any(_covers(watched, obj) for watched in out.values()):
-                out[name if name not in out else f"auto_{name}"] = obj
+                name = name if name not in out else f"auto_{name}"
+                out[name] = obj
+                if name not in self.found_as:
+                    self.found_as.append(name)
         return out
 
     def name_of(self, obj: Any) -> str:

@@ -30,6 +30,8 @@ def format_outcome(outcome: Outcome, kept: str) -> str:
         lines += kind_of(verdict.check).block(verdict, outcome, kept)
     if outcome.ignored:
         lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
+    if outcome.automatic:
+        lines.append(f"recorded automatically: {', '.join(outcome.automatic)}")
     first = resumes[0]
     lines.append(f"run directories ({kept}):")
     for role in ("uninterrupted", "resumed"):  # a golden-only run has no uninterrupted one
@@ -56,6 +58,8 @@ def format_plan_summary(outcome: Outcome) -> str:
         lines += kind_of(verdict.check).headline(verdict)
     if outcome.ignored:
         lines.append(f"ignored (not compared): {', '.join(outcome.ignored)}")
+    if outcome.automatic:
+        lines.append(f"recorded automatically: {', '.join(outcome.automatic)}")
     lines += [f"warning: {text}" for text in outcome.warnings]
     return "\n".join(lines)
 

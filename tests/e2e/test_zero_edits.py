@@ -69,10 +69,12 @@ def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
     passed = section_of(text, "test_plain_trainer_resumes")
     assert "split 3: equal on all 2 ranks over 3 steps" in passed
     assert "teeth check passed" in passed or "changed the recorded values" in passed
+    automatic = "auto:data, auto:loss, watch:lr_scheduler, watch:model, watch:optimizer"
+    assert f"recorded automatically: {automatic}" in text
     expected = {
         "test_forgotten_optimizer_state": "likely cause (optimizer never restored)",
         "test_forgotten_scheduler": "likely cause (scheduler never restored)",
-        "test_data_restarted": "key 'auto:data'",
+        "test_data_restarted": "consumed at steps 4-6 the samples of steps 1-3, in order",
         "test_checkpoint_of_another_step": "the checkpoint loaded is of step 5, not step 3",
         "test_auto_off_sees_nothing": "never recorded",
     }

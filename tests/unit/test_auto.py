@@ -8,7 +8,7 @@ launch's numbering, explicit `record` calls beside the automatic values, and `au
 import torch
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank.auto import StepCounter
+from pytest_resume_equiv.rank.auto import StepCounter, batch_parts, sample_ids
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.layout import signature_path
 from pytest_resume_equiv.signature import read_signature
@@ -53,6 +53,22 @@ def test_a_skipped_step_counts_and_keeps_the_numbers_after_it():
         counter.stepped(a, ran=ran)
         numbers.append((counter.pending.number, counter.pending.skipped))
     assert numbers == [(1, False), (2, True), (3, False)]
+
+
+def test_a_sample_has_one_id_however_the_batch_is_split():
+    """What accounting across topologies needs: the same rows give the same ids in one batch
+    of 4 or two of 2 (on 2 ranks); another row, or another value beside it, another id."""
+    x, mask = torch.randn(4, 3), torch.tensor([1, 0, 1, 1])
+
+    def ids(*inputs):
+        return sample_ids(batch_parts([(str(i), t) for i, t in enumerate(inputs)]))
+
+    whole = ids(x, mask)
+    assert len(set(whole)) == 4 and whole == ids(x[:2], mask[:2]) + ids(x[2:], mask[2:])
+    assert ids(x[:1], mask[:1]) != ids(x[1:2], mask[:1])
+    assert ids(x, torch.tensor([1, 1, 1, 1]))[1] != whole[1]  # its mask is part of it
+    assert ids(x, torch.tensor(2.0)) != ids(x, torch.tensor(3.0))  # a scalar beside: whole
+    assert all(0 <= i < 2**52 for i in whole)
 
 
 class Net(torch.nn.Module):
@@ -115,11 +131,13 @@ def test_a_trainer_with_no_call_records_a_step_per_optimizer_step(in_rank):
     sig = _run(in_rank, lambda: _train(3, micro=2))
     assert [s for s, _ in sig.steps] == [1, 2, 3] and sig.complete
     values = sig.by_step()[2]
-    assert len(values["auto:loss"]) == 2 and len(values["auto:data"]) == 2
+    # a loss per micro-batch, an id per sample (2 micro-batches of 2 rows)
+    assert len(values["auto:loss"]) == 2 and len(values["auto:data"]) == 4
     assert sig.counters[2] == {"optimizer": 2, "lr_scheduler": 2}
     for key in ("watch:model.params", "watch:optimizer.state", "watch:optimizer.lr"):
         assert key in values, sorted(values)
     assert "watch:lr_scheduler.last_epoch" in values
+    assert sig.found == ["model", "optimizer", "lr_scheduler"]  # the footer says what it found
     # each step saw other batches; the same trainer again sees the same ones
     assert len({str(v["auto:data"]) for _, v in sig.steps}) == 3
     again = _run(in_rank, lambda: _train(3, micro=2), run_dir=sig.path + ".again")
@@ -166,6 +184,21 @@ def test_explicit_records_number_the_steps_and_keep_the_automatic_values(in_rank
     values = sig.by_step()[3]
     assert "lr" in values and len(values["auto:loss"]) == 2
     assert "watch:optimizer.state" in values
+
+
+def test_an_object_the_trainer_watches_is_not_audited_twice(in_rank):
+    def train():
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        req.watch(net=model, opt=opt)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, train)
+    assert sig.found == []
+    assert not [k for k in sig.by_step()[1] if k.startswith(("watch:model", "watch:optimizer"))]
+    assert "watch:net.params" in sig.by_step()[1] and "watch:opt.state" in sig.by_step()[1]
 
 
 def test_auto_off_records_only_the_explicit_calls(in_rank):
@@ -216,3 +249,32 @@ def test_a_checkpoint_of_another_step_is_a_finding():
     assert "the checkpoint loaded is of step 5, not step 3" in finding.lines("split 3")[0]
     unknown = {0: sig(loaded={"split": 3, "counters": {"optimizer": 40}})}
     assert loaded_step(base, unknown, 3) is None  # of no step the run had: the comparison says
+
+
+def test_the_input_ids_are_accounted_as_sample_ids():
+    """A resume that trains again on steps 1-3's inputs at steps 4-6 is named from the input
+    ids alone (no sample ids recorded), by the steps it replayed."""
+    from pytest_resume_equiv.compare.accounting import CONTENT_KEY, account, is_identity_key
+    from pytest_resume_equiv.signature import Signature
+
+    def run(data):
+        steps = [(s, {CONTENT_KEY: ids}) for s, ids in data.items()]
+        return {0: Signature("x", {"rank": 0}, steps, True)}
+
+    base = {s: [10 * s, 10 * s + 1] for s in range(1, 7)}
+    replay = {s: base[s - 3] for s in range(4, 7)}
+    assert is_identity_key(CONTENT_KEY)
+    (exact,) = account(run(base), run({s: base[s] for s in range(4, 7)}), 3, 6)
+    assert exact.exact and "every sample consumed exactly once" in exact.text()
+    (found,) = account(run(base), run(replay), 3, 6)
+    assert "6 samples never seen" in found.text() and "6 samples seen twice" in found.text()
+    assert "consumed at steps 4-6 the samples of steps 1-3, in order" in found.text()
+
+
+def test_the_trainers_own_sample_ids_are_accounted_instead_of_the_input_ids():
+    from pytest_resume_equiv.compare.accounting import CONTENT_KEY, identity_keys
+    from pytest_resume_equiv.signature import Signature
+
+    both = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5], "sample_ids": [1]})], True)}
+    alone = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5]})], True)}
+    assert identity_keys(both) == ["sample_ids"] and identity_keys(alone) == [CONTENT_KEY]
