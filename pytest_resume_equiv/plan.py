@@ -184,9 +184,17 @@ class Planner:
         return args
 
     def spec(
-        self, name: str, args: list[str], context: LaunchContext, resumed: bool = False
+        self,
+        name: str,
+        args: list[str],
+        context: LaunchContext,
+        values: Mapping[str, Any],
+        resumed: bool = False,
     ) -> LaunchSpec:
+        """`values`: the launch's placeholder values, which fill `cwd=` as they fill the
+        command."""
         marker = self.marker
+        cwd = self.request.cwd
         return LaunchSpec(
             name=name,
             target=self.target if self.target is not None else target_from_argv(args),
@@ -196,7 +204,7 @@ class Planner:
             timeout=self.settings.timeout,
             context=context,
             env={**dict(self.marker.env), **self.request.env},
-            cwd=self.request.cwd,
+            cwd=fill(cwd, values, "cwd=") if cwd is not None else None,
             launcher=self.settings.launcher,
             fork_server=self.settings.fork_server == "on",
             preload=self.settings.preload,
@@ -245,7 +253,9 @@ class Planner:
         args = self.command({**values, "checkpoint": checkpoint}, resumed=False)
         save_at = tuple(splits) if saves else ()
         context = self.context(phase, values, checkpoint, splits, save_at)
-        spec = self.spec(name, args, context, resumed=resumed_topology)
+        spec = self.spec(
+            name, args, context, {**values, "checkpoint": checkpoint}, resumed=resumed_topology
+        )
         return PlannedLaunch(spec, role, saves=save_at)
 
     def resuming(
@@ -271,7 +281,7 @@ class Planner:
             template_values=source_values if not save_at else values,
         )
         return PlannedLaunch(
-            self.spec(name, args, context, resumed=True),
+            self.spec(name, args, context, {**values, "checkpoint": checkpoint}, resumed=True),
             role,
             split=split,
             saves=tuple(save_at),

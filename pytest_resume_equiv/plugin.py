@@ -122,10 +122,12 @@ def _prestart_fork_server(session: pytest.Session) -> None:
     """Start the fork server as soon as this process knows it will launch resume tests (some
     are selected, on a device named outright, with the server on): its imports (torch,
     `torch._dynamo`, seconds of CPU) then overlap pytest's own work before the first launch.
-    With `--resume-equiv-device=auto` the tests may all skip (no accelerator): the server
-    starts on first use, as before."""
+    With `--resume-equiv-device=auto` the tests may all skip (no accelerator), and `--co`
+    launches nothing: the server starts on first use, as before."""
     settings = _session(session.config).settings
-    if settings.error or settings["fork_server"] != "on" or settings["device"] == "auto":
+    if session.config.option.collectonly or settings.error or settings["fork_server"] != "on":
+        return
+    if settings["device"] == "auto":
         return
     if not launcher_named(settings["launcher"], settings["slurm_args"]).can_fork:
         return

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from ..errors import ResumeEquivError
 from ..rank.layout import (
     CONTEXT_ENV,
     agent_log_path,
@@ -187,6 +188,11 @@ class RunningLaunch:
     def __init__(self, spec: LaunchSpec, gated: bool = False) -> None:
         self.spec = spec
         os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+            raise ResumeEquivError(
+                f"the {spec.name} launch's working directory cwd={spec.cwd!r} is not a directory "
+                "(placeholders such as {run_dir} are filled; create any other folder first)"
+            )
         self.gate = gate_path(spec.run_dir) if gated else None
         base = {**os.environ, **launch_env(spec)}
         self.agents = agents_for(spec, base)

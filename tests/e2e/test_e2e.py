@@ -1,6 +1,7 @@
 """End to end: a pytest session in a subprocess launches real torchrun ranks on CPU/gloo."""
 
 import os
+import re
 
 import pytest
 from helpers import CPU, check_rng_report
@@ -231,7 +232,27 @@ def test_a_resumed_launch_larger_than_the_devices_is_checked_at_setup(pytester):
     )
 
 
-def test_missing_checkpoint_is_a_clear_error(trainers):
+def _failure_section(text: str, test: str) -> str:
+    """The part of pytest's report about one failed test: from its `___ test ___` header to
+    the next header (a session holding several tests reports each on its own)."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if re.fullmatch(rf"_+ {test} _+", line))
+    end = next(
+        (
+            n
+            for n in range(start + 1, len(lines))
+            if re.match(r"(_{3,} \S+ _{3,}|={3,} )", lines[n])
+        ),
+        len(lines),
+    )
+    return "\n".join(lines[start:end])
+
+
+def test_launch_failures_are_clear_and_the_torchrun_fixture_runs_every_target(trainers):
+    """One session (each pytest start costs seconds) of five tests with launches of their
+    own: a missing checkpoint, a rank that raises, a rank killed by a signal (each with its
+    own clear failure), the torchrun fixture's scripts, modules and functions, and a passing
+    test's private run directory, removed when it passed."""
     trainers.makepyfile(
         test_ckpt="""
         from pytest_resume_equiv import resume_equivalent
@@ -240,20 +261,7 @@ def test_missing_checkpoint_is_a_clear_error(trainers):
         @resume_equivalent(steps=4, split=2, nproc=1)
         def test_ckpt(resume_equiv):
             resume_equiv.run(train_never_saves)
-        """
-    )
-    result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*the uninterrupted run did not save a checkpoint at */resume-equiv-shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*",
-        ]
-    )
-    assert "resumed-split2" not in result.stdout.str()  # no resumed launch was started
-
-
-def test_crashing_rank_shows_its_traceback(trainers):
-    trainers.makepyfile(
+        """,
         test_crash="""
         from pytest_resume_equiv import resume_equivalent
         from trainers import train_rank1_raises
@@ -261,25 +269,13 @@ def test_crashing_rank_shows_its_traceback(trainers):
         @resume_equivalent(steps=4, split=2, nproc=2)
         def test_crash(resume_equiv):
             resume_equiv.run(train_rank1_raises)
-        """
-    )
-    result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*the uninterrupted launch (uninterrupted) failed (2 ranks, *",
-            "*rank 1: ValueError: boom on rank 1*",  # the rank that failed comes first
-            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
-            "*--- last lines of rank 1 stderr (*/logs/rank-1.stderr) ---*",
-            "*Traceback (most recent call last):*",
-            "*ValueError: boom on rank 1*",
-            "*rerun by hand: cd * && env *",
-        ]
-    )
+        """,
+        test_killed="""
+        from trainers import rank1_killed
 
-
-def test_torchrun_fixture_runs_scripts_modules_and_functions(trainers):
-    trainers.makepyfile(
+        def test_killed(torchrun):
+            torchrun(rank1_killed, nproc=3)
+        """,
         hello_script="""
         import os
         print("script on rank", os.environ["RANK"])
@@ -299,23 +295,55 @@ def test_torchrun_fixture_runs_scripts_modules_and_functions(trainers):
             sigs = torchrun.signatures(result)
             assert [sigs[r].steps[0][1]["rank"] for r in (0, 1)] == [0, 1]
         """,
+        test_private="""
+        import os, stat
+        from trainers import hello
+
+        def test_private(torchrun):
+            result = torchrun(hello, nproc=1)
+            root = os.path.dirname(result.spec.run_dir)
+            with open("private-root.txt", "w") as f:
+                f.write(root)
+            assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        """,
     )
     result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(passed=1)
-
-
-def test_rank_killed_by_a_signal_is_a_failure(trainers):
-    trainers.makepyfile(
-        test_killed="""
-        from trainers import rank1_killed
-
-        def test_killed(torchrun):
-            torchrun(rank1_killed, nproc=3)
-        """
-    )
-    result = trainers.runpytest_subprocess(*CPU)
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(passed=2, failed=3)
     result.stdout.fnmatch_lines(
+        [
+            "FAILED test_ckpt.py::test_ckpt*",
+            "FAILED test_crash.py::test_crash*",
+            "FAILED test_killed.py::test_killed*",
+        ]
+    )
+    text = result.stdout.str()
+
+    # a missing checkpoint: what was expected where, and no resumed launch started
+    ckpt = _failure_section(text, "test_ckpt")
+    pytest.LineMatcher(ckpt.splitlines()).fnmatch_lines(
+        [
+            "*the uninterrupted run did not save a checkpoint at */resume-equiv-shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*"
+        ]
+    )
+    assert "resumed-split2" not in ckpt
+
+    # a rank that raises: its traceback, the rank that failed first
+    crash = _failure_section(text, "test_crash")
+    pytest.LineMatcher(crash.splitlines()).fnmatch_lines(
+        [
+            "*the uninterrupted launch (uninterrupted) failed (2 ranks, *",
+            "*rank 1: ValueError: boom on rank 1*",  # the rank that failed comes first
+            "*rank 0: stopped by torchrun (SIGTERM) after rank 1 failed*",
+            "*--- last lines of rank 1 stderr (*/logs/rank-1.stderr) ---*",
+            "*Traceback (most recent call last):*",
+            "*ValueError: boom on rank 1*",
+            "*rerun by hand: cd * && env *",
+        ]
+    )
+
+    # a rank killed by a signal is a failure, with every rank's last lines
+    killed = _failure_section(text, "test_killed")
+    pytest.LineMatcher(killed.splitlines()).fnmatch_lines(
         [
             "*the torchrun launch (launch-1) failed*",
             "*rank 1: killed by SIGKILL*",
@@ -329,6 +357,11 @@ def test_rank_killed_by_a_signal_is_a_failure(trainers):
             "*rank 2 (none): rank 2 says hello*",
         ]
     )
+
+    # run directories are private (0700, checked inside the test) and removed on pass
+    root = (trainers.path / "private-root.txt").read_text()
+    assert root.startswith(str(trainers.path))
+    assert not os.path.exists(root)
 
 
 def test_invalid_session_option_fails_marked_tests_only(pytester, monkeypatch):
@@ -387,26 +420,6 @@ def test_plugin_loads_with_autoload_disabled_and_can_be_disabled(pytester, monke
     disabled.assert_outcomes(errors=1)
     disabled.stdout.fnmatch_lines(["*fixture 'resume_equiv' not found*"])
     assert "resume-equiv:" not in disabled.stdout.str()
-
-
-def test_run_dirs_are_private_and_removed_on_pass(trainers):
-    trainers.makepyfile(
-        test_private="""
-        import os, stat
-        from trainers import hello
-
-        def test_private(torchrun):
-            result = torchrun(hello, nproc=1)
-            root = os.path.dirname(result.spec.run_dir)
-            print("ROOT", root)
-            assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
-        """
-    )
-    result = trainers.runpytest_subprocess(*CPU, "-s")
-    result.assert_outcomes(passed=1)
-    (root,) = [x.split("ROOT ", 1)[1] for x in result.stdout.lines if "ROOT " in x]
-    assert root.startswith(str(trainers.path))
-    assert not os.path.exists(root)
 
 
 @pytest.mark.long(30)

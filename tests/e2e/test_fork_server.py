@@ -258,3 +258,34 @@ def test_a_prestarted_server_serves_and_its_refusal_comes_at_first_use():
         assert ("no_such_module_here",) not in ForkServer.running
     finally:
         ForkServer.stop_all()
+
+
+def test_the_server_is_prestarted_when_resume_tests_will_launch_and_only_then(
+    pytester, monkeypatch
+):
+    """At collection: a selected resume test on a device named outright starts the server;
+    `--co`, no selected resume test, `device=auto` or the server off do not."""
+    calls = []
+    monkeypatch.setattr(ForkServer, "prestart", classmethod(lambda cls, p: calls.append(p)))
+    pytester.makepyfile(
+        test_marked="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=2, split=1, nproc=1)
+        def test_marked():
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    cpu = "--resume-equiv-device=cpu"
+    for args in (
+        [cpu, "--co"],
+        [cpu, "-k", "plain"],
+        ["--resume-equiv-device=auto"],
+        [cpu, "--resume-equiv-fork-server=off", "-k", "plain or marked"],
+        [cpu, "--resume-equiv-preload=json", "-k", "marked"],
+    ):
+        pytester.runpytest_inprocess(*args)
+    assert calls == [("json",)]

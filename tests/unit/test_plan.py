@@ -292,3 +292,23 @@ def test_resume_on_more_nodes(tmp_path):
     (other,) = plan.by_role("topology")
     assert (other.spec.nproc, other.spec.nnodes) == (2, 1)
     assert (plan.by_role("resumed")[0].spec.nproc, plan.by_role("resumed")[0].spec.nnodes) == (2, 1)
+
+
+def test_cwd_takes_placeholders_like_the_command(tmp_path):
+    """A trainer that saves relative to its working directory runs in its own run directory
+    (`cwd="{run_dir}"`), each launch in its own."""
+    request = RunRequest(["train.py"], "{run_dir}/snapshot_{split}.pt", seed=7, cwd="{run_dir}")
+    plan = plan_for(tmp_path, ["train.py"], request=request)[1]
+    (base,) = plan.by_role("uninterrupted")
+    (resumed,) = plan.by_role("resumed")
+    assert base.spec.cwd == str(tmp_path / "uninterrupted")
+    assert resumed.spec.cwd == str(tmp_path / "resumed-split3")
+
+
+def test_a_working_directory_that_does_not_exist_is_a_clear_error(tmp_path):
+    from pytest_resume_equiv.launch.running import RunningLaunch
+
+    request = RunRequest(["train.py"], seed=7, cwd=str(tmp_path / "missing"))
+    (base,) = plan_for(tmp_path, ["train.py"], request=request)[1].by_role("uninterrupted")
+    with pytest.raises(ResumeEquivError, match=r"cwd='.*missing' is not a directory"):
+        RunningLaunch(base.spec)
