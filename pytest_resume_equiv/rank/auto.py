@@ -90,6 +90,13 @@ class StepCounter:
         done, self.pending = self.pending, None
         return done
 
+    def take_seen(self) -> Step:
+        """What the iteration under way has seen so far, taken (an explicit `record` holds
+        everything seen since the last one, in a trainer with no torch optimizer too)."""
+        seen = Step(0, self.losses, self.inputs)
+        self.losses, self.inputs = [], []
+        return seen
+
     def loss(self, value: Any) -> None:
         self.losses.append(value)
 

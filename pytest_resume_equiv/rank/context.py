@@ -249,6 +249,7 @@ class RankState:
             self.explicit = True
             pending = self.auto.flush()
             steps += [pending] if pending is not None else []
+            steps.append(self.auto.counter.take_seen())
         self.write_step(step, encoded, self._auto_values(steps))
 
     def write_step(self, step: int, encoded: dict[str, Any], auto: dict[str, Any]) -> None:
@@ -308,7 +309,8 @@ class RankState:
             out["loss"] = held["loss"]
         if held["data"]:
             out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
-        if steps and all(s.skipped for s in steps):
+        taken = [s for s in steps if s.optimizers]  # not what a record took before a step
+        if taken and all(s.skipped for s in taken):
             out["skipped"] = True
         return out
 

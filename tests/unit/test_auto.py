@@ -278,3 +278,22 @@ def test_the_trainers_own_sample_ids_are_accounted_instead_of_the_input_ids():
     both = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5], "sample_ids": [1]})], True)}
     alone = {0: Signature("x", {"rank": 0}, [(1, {CONTENT_KEY: [5]})], True)}
     assert identity_keys(both) == ["sample_ids"] and identity_keys(alone) == [CONTENT_KEY]
+
+
+def test_a_record_holds_what_was_seen_since_the_last_one_without_a_torch_optimizer(in_rank):
+    """A trainer that updates its weights by hand (no optimizer step ever): each record holds
+    the losses and inputs of its own step, not everything seen since the start."""
+
+    def train():
+        model = Net()
+        for step in range(1, 4):
+            model(torch.full((2, 4), float(step))).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+            req.record(step, value=step)
+
+    sig = _run(in_rank, train)
+    assert [len(v["auto:data"]) for _, v in sig.steps] == [2, 2, 2]
+    assert [len(v["auto:loss"]) for _, v in sig.steps] == [1, 1, 1]
