@@ -111,7 +111,7 @@ def reseeded(s: Subject) -> Optional[Diagnosis]:
     if not s.reseeds:
         return None
     call = s.reseeds[-1]
-    replay = replayed_epoch(s.ev, s.rank)
+    replay = replayed_epoch(s.ev, s.rank) if shuffles_data(s) else ""
     if replay and stream_kind(s.name) == GENERATOR:
         return Diagnosis(
             f"{s.where()}: {replay}: {stream_words(s.name)} shuffles the data and was seeded "
@@ -270,6 +270,25 @@ def restored_too_late(s: Subject) -> Optional[Diagnosis]:
     )
 
 
+SHUFFLE_OPS = ("randperm",)
+"""Draws that make a permutation: what a shuffle of the data draws."""
+
+
+def shuffles_data(s: Subject) -> bool:
+    """Evidence that the stream shuffles the data, before a replayed epoch is blamed on it:
+    torch made it for a sampler, or it drew a permutation before the first forward. A
+    generator that draws timesteps or noise replays its draws too when it is not restored,
+    and ids recorded from them look like a replayed epoch; that is not a shuffle."""
+    site = generator_site(s.name)
+    if site is not None and OWNED_BY in site:
+        return True
+    return any(
+        d.get("op") in SHUFFLE_OPS and d.get("stream") == s.name
+        for point in (s.base, s.res)
+        for d in (point or {}).get("draws", [])
+    )
+
+
 def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
     if s.restores:
         return None
@@ -279,7 +298,7 @@ def stream_never_restored(s: Subject) -> Optional[Diagnosis]:
     else:
         how = HOW.get(kind, f"torch.{kind}.get_rng_state_all() / set_rng_state_all()")
         calls = "set_rng_state" if kind not in ("numpy", "python") else how.split(" / ")[1]
-    replay = replayed_epoch(s.ev, s.rank) if kind == GENERATOR else ""
+    replay = replayed_epoch(s.ev, s.rank) if kind == GENERATOR and shuffles_data(s) else ""
     if replay:
         return Diagnosis(
             f"{s.where()}: {replay}: {stream_words(s.name)} shuffles the data and was never "

@@ -684,3 +684,33 @@ def test_a_batch_that_happens_to_repeat_is_no_replayed_epoch():
         point(rng={gen: "g"}), point(rng={gen: "x"}, restores=1), [LOAD], base_values, res_values
     )
     assert d.bug_class == "never restored" and "consumes the samples" not in d.cause
+
+
+@pytest.mark.parametrize("op", ["randperm", "randint"])
+def test_a_replayed_epoch_is_blamed_on_a_generator_only_when_it_shuffles(op):
+    """A generator never restored makes the resumed ids (here drawn from it, like a diffusion
+    trainer's timestep ids) repeat the first epoch's. Only a permutation drawn before the first
+    forward shows that it shuffles the data; one that draws timesteps is never restored, not a
+    replayed epoch."""
+    order = {1: [0, 5], 2: [3, 1], 3: [4, 2], 4: [5, 0], 5: [2, 3], 6: [1, 4]}  # 3 steps an epoch
+    gen = "generator toy/condition.py:28 #0"
+
+    def base_values(s):
+        return {"loss": 1.0, "ids": order[s], f"rng:{gen}": f"g{s}"}
+
+    def res_values(s):
+        return {"loss": 1.0, "ids": order[s - 3], f"rng:{gen}": f"x{s}"}
+
+    draws = [(op, f"rng:{gen}", "train.py:60", 1)]
+    d = diagnosis(
+        point(rng={gen: "g"}),
+        point(rng={gen: "x"}, restores=1, draws=draws),
+        [LOAD],
+        base_values,
+        res_values,
+    )
+    if op == "randperm":
+        assert d.bug_class == "replayed epoch" and "shuffles the data" in d.cause
+    else:
+        assert d.bug_class == "never restored" and "shuffles the data" not in d.cause
+    assert d.cause.count("Fix:") == 1
