@@ -17,6 +17,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
 from helpers import CPU, section_of  # noqa: E402
 from test_bug_classes import CASES, CONTROLS, _test_module, copy_scripts, zoo_cases  # noqa: E402
