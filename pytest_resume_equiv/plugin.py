@@ -24,7 +24,6 @@ import pytest
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
 from .launch.devices import ACCELERATORS, Device, DeviceUnavailable, HostProbe, select_device
 from .launch.forked import ForkServer
-from .launch.spec import launcher_named
 from .report.text import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
@@ -129,7 +128,7 @@ def _prestart_fork_server(session: pytest.Session) -> None:
         return
     if settings["device"] == "auto":
         return
-    if not launcher_named(settings["launcher"], settings["slurm_args"]).can_fork:
+    if not settings.launcher.can_fork:
         return
     if any(item.get_closest_marker(MARKER) is not None for item in session.items):
         ForkServer.prestart(settings["preload"])
@@ -190,7 +189,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     device = settings.describe("device")
     if settings["device"] == "auto":
         device = f"auto -> {_auto_device()} ({settings.values['device'].source})"
-    launcher = launcher_named(settings["launcher"]).header(settings.describe("launcher"))
+    launcher = settings.launcher.header(settings.describe("launcher"))
     return (
         f"resume-equiv: device={device}, timeout={settings['timeout']:g}s "
         f"({settings.values['timeout'].source}), keep={settings.describe('keep')}{launcher}"
@@ -318,7 +317,7 @@ def torchrun(
         settings["timeout"],
         root,
         strict_shutdown=not settings.error and settings["strict_shutdown"],
-        launcher=launcher_named(settings["launcher"], settings["slurm_args"]),
+        launcher=settings.launcher,
         fork_server=not settings.error and settings["fork_server"] == "on",
         preload=() if settings.error else settings["preload"],
     )

@@ -326,6 +326,12 @@ class SessionSettings:
         item = self.values[name]
         return f"{item.value} ({item.source})"
 
+    @property
+    def launcher(self) -> Launcher:
+        """The launcher the options name (`launcher`, with `slurm_args`): made here, once for
+        every caller, from the validated values."""
+        return launcher_named(self["launcher"], self["slurm_args"])
+
 
 def resolve_session(config: Any, env: Optional[Mapping[str, str]] = None) -> SessionSettings:
     """Resolve every session option from a pytest config; collects errors instead of raising."""
@@ -398,7 +404,8 @@ def resolve_test(
         if value is not None:
             options[name] = Resolved(value, f"marker @resume_equivalent({name}=...)")
     values = {name: resolved.value for name, resolved in options.items()}
-    values["launcher"] = launcher_named(values["launcher"], values.pop("slurm_args"))
+    values["launcher"] = session.launcher  # no marker keyword changes it
+    del values["slurm_args"]
     return TestSettings(
         marker, **values, sources={name: resolved.source for name, resolved in options.items()}
     )
