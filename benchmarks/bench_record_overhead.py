@@ -48,6 +48,23 @@ def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object
     return model, opt, sched
 
 
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    tokens: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the model both measurements train: (its input, its loss)."""
+    x = torch.randint(0, 1024, tokens)
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1024), x.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+    return x, loss
+
+
 def step_times(
     steps: int, api_on: bool, tokens: tuple[int, int]
 ) -> tuple[list[float], list[float]]:
@@ -58,13 +75,7 @@ def step_times(
     train, recording = [], []
     for step in range(1, steps + 2):
         start = time.perf_counter()
-        x = torch.randint(0, 1024, tokens)
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1024), x.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+        x, loss = train_step(model, opt, sched, tokens)
         middle = time.perf_counter()
         req.record(step, loss=loss.item(), tokens=x, lr=sched.get_last_lr()[0])
         end = time.perf_counter()
@@ -97,13 +108,7 @@ def auto_step_times(
     times, lines = [], []
     for step in range(1, steps + 2):
         start, before = time.perf_counter(), len(writing)
-        x = torch.randint(0, 1024, tokens)
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1024), x.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+        train_step(model, opt, sched, tokens)
         if step > 2:  # step 2 writes step 1's line, which allocated optimizer state
             times.append(time.perf_counter() - start)
             lines.append(sum(writing[before:]))
