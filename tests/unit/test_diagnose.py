@@ -714,3 +714,48 @@ def test_a_replayed_epoch_is_blamed_on_a_generator_only_when_it_shuffles(op):
     else:
         assert d.bug_class == "never restored" and "shuffles the data" not in d.cause
     assert d.cause.count("Fix:") == 1
+
+
+@pytest.mark.parametrize("with_points", [True, False])
+def test_an_optimizer_step_of_fewer_micro_batches_is_the_accumulation_counter(with_points):
+    """Recorded automatically (a value per backward()): the resumed run's step 4 took one
+    micro-batch where the uninterrupted run's took two, and every stream and watched object
+    matched at the resume point: the micro-step counter was restored out of phase."""
+
+    def values(losses):
+        return lambda s: {"auto:loss": losses(s), "auto:data": [s * 10 + i for i in range(4)]}
+
+    base_values = values(lambda s: [s / 2, s / 3])
+    res_values = values(lambda s: [s / 2] if s == 4 else [s / 5, s / 7])
+    if with_points:
+        d = diagnosis(point(), point(), [LOAD], base_values, res_values)
+    else:
+        d = without_points(base_values, res_values)
+    assert d.bug_class == "gradient accumulation"
+    assert "took 1 micro-batch (backward calls) in the resumed run and 2" in d.cause
+    assert "gradient-accumulation micro-step counter" in d.cause
+
+
+@pytest.mark.parametrize("first_batch, prefetch_first", [(999, False), (50, True)])
+def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewhere(
+    first_batch, prefetch_first
+):
+    """Recorded automatically, the samples are told by their content: a first batch found
+    nowhere in the uninterrupted run may be the same samples augmented from the advanced
+    stream, so the prefetch is no more than a last guess; the content of the uninterrupted
+    run's step 5 at step 4 is other samples."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+
+    def base_values(s):
+        return {"loss": s / 2, "rng:cpu": f"c{s}", "auto:data": [s * 10]}
+
+    def res_values(s):
+        data = [first_batch] if s == 4 else [s * 10 + 1]
+        return {"loss": s / 3, "rng:cpu": f"x{s}", "auto:data": data}
+
+    res = point(rng={"cpu": "x"}, restores=2, draws=[("randn", "rng:cpu", "train.py:33", 2)])
+    d = diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
+    assert d.bug_class == "restored then advanced"
+    fix = d.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("if that code fetches the first batch") is prefetch_first
+    assert "prefetched" in fix  # a last guess at least
