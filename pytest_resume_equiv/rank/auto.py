@@ -29,7 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fingerprint import Fingerprint, Later, content_hash, hash_bytes, local_shard
+from .fingerprint import (
+    Fingerprint,
+    Later,
+    content_hash,
+    hash_bytes,
+    local_shard,
+)
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -168,6 +174,11 @@ SAMPLE_BITS = 52
 collision among the samples of a run."""
 
 
+BAND_WORDS = 1 << 22
+"""Elements of each int64 temporary of the device input fingerprint (32 MiB): its peak
+memory, whatever the batch's size."""
+
+
 def _row_digests(tensor: Any) -> Any:
     """One 64-bit digest per row (dim 0) of `tensor`: a list of ints on CPU, a `Later` on a
     device (reduced there, integer arithmetic only, no copy of the rows to the host)."""
@@ -179,14 +190,34 @@ def _row_digests(tensor: Any) -> Any:
     if local.device.type == "cpu":
         data = raw.numpy()
         return [_hash64(data[i]) for i in range(rows)]
-    pad = (-raw.shape[1]) % 4
-    if pad:
-        raw = torch.nn.functional.pad(raw, (0, pad))
-    words = raw.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    idx = torch.arange(words.shape[1], device=words.device, dtype=torch.int64)
-    mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
-    mixed = mixed ^ (mixed >> 31)
-    first, second = mixed.sum(dim=1), (mixed * ((idx << 1) | 1)).sum(dim=1)
+    return device_row_digests(raw)
+
+
+def device_row_digests(raw: Any) -> Later:
+    """`_row_digests` where the rows live: the bytes of each row (`raw`, uint8, rows x
+    bytes) as int32 words, mixed by position and summed per row, a band of columns at a time
+    so that the int64 temporaries stay under `BAND_WORDS` elements whatever the batch's
+    size (a 1 GiB video batch would otherwise take several GiB more of device memory for
+    its fingerprint). The two sums per row are all that reaches the host, with the rest of
+    the step's line (benchmarks/bench_input_fingerprint.py)."""
+    import torch
+
+    rows, width = raw.shape
+    words_per_row = -(-width // 4)
+    band = max(1, BAND_WORDS // max(rows, 1))
+    first = torch.zeros(rows, dtype=torch.int64, device=raw.device)
+    second = torch.zeros(rows, dtype=torch.int64, device=raw.device)
+    for start in range(0, words_per_row, band):
+        stop = min(start + band, words_per_row)
+        piece = raw[:, 4 * start : min(4 * stop, width)]
+        pad = 4 * (stop - start) - piece.shape[1]
+        piece = torch.nn.functional.pad(piece, (0, pad)) if pad else piece.contiguous()
+        words = piece.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        idx = torch.arange(start, stop, device=raw.device, dtype=torch.int64)
+        mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
+        mixed = mixed ^ (mixed >> 31)
+        first += mixed.sum(dim=1)
+        second += (mixed * ((idx << 1) | 1)).sum(dim=1)
 
     def finish(found: list[int]) -> list[int]:
         return [

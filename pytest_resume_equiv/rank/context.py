@@ -90,6 +90,10 @@ class LaunchContext:
     crash: Optional[dict[str, Any]] = None
     """interrupt="crash": the point of the save at which every rank is killed
     (`rank/crash.py`)."""
+    picks_checkpoint: bool = False
+    """A resume after a crash (checks/crash.py): the trainer finds its checkpoint itself (any
+    that had completed, or none), so the automatic step numbers go on from the step its load
+    restored (its optimizers' step counters; from 1 when it loaded none), not from `split`."""
     auto: bool = False
     """Automatic recording (rank/auto.py): a step line per optimizer step with no `record`
     call, and the loss, data, optimizers and schedulers beside the explicit values. False:
@@ -225,6 +229,8 @@ class RankState:
         """Automatic steps taken since the last explicit `record` (their values go in it)."""
         self.step_auto: dict[str, Any] = {}
         """The automatic values of the step line being written (the `auto` section)."""
+        self.first_after = context.split if context is not None else 0
+        """A resumed launch's automatic steps are numbered from this step + 1."""
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
         self.point = ResumePoint(window)
 
@@ -287,7 +293,7 @@ class RankState:
         if self.explicit:
             self.carried.append(step)
             return
-        number = step.number + (ctx.split if ctx.resuming else 0)
+        number = step.number + (self.first_after if ctx.resuming else 0)
         self.write_step(number, {}, self._auto_values([step]))
 
     def _auto_values(self, steps: list[Step]) -> dict[str, Any]:
@@ -321,6 +327,9 @@ class RankState:
         if ctx is not None and ctx.resuming and self.auto is not None:
             found = counters(self.auto.found, before_step=True)
             self.open().loaded({"split": ctx.split, "counters": found})
+            steps = {v for k, v in found.items() if k.startswith("optimizer")}
+            if ctx.picks_checkpoint and len(steps) == 1:
+                self.first_after = steps.pop()
 
     def watch(self, objects: Mapping[str, Any]) -> None:
         if self.context is not None:

@@ -178,6 +178,41 @@ def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank
     assert sig.loaded == {"split": 3, "counters": {"optimizer": 6}}
 
 
+def _resume_from(step):
+    """A resumed trainer whose load restored an optimizer of `step` (none: loaded nothing)."""
+
+    def resume():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        if step:
+            state = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(4, 4)}
+            state["exp_avg_sq"] = torch.zeros(4, 4)
+            opt.state[model.body.weight] = state
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+
+    return resume
+
+
+def test_a_resume_after_a_crash_numbers_from_the_step_its_load_restored(in_rank):
+    """After a crash the trainer finds its checkpoint itself: the steps go on from the one it
+    loaded (an older checkpoint than the split), or from 1 when it found none."""
+    older = _run(in_rank, _resume_from(2), phase="resumed", split=4, picks_checkpoint=True)
+    assert [s for s, _ in older.steps] == [3, 4]
+    assert older.loaded == {"split": 4, "counters": {"optimizer": 2}}
+    fresh = _run(
+        in_rank,
+        _resume_from(0),
+        phase="resumed",
+        split=4,
+        picks_checkpoint=True,
+        run_dir=older.path + ".fresh",
+    )
+    assert [s for s, _ in fresh.steps] == [1, 2]
+
+
 def test_explicit_records_number_the_steps_and_keep_the_automatic_values(in_rank):
     sig = _run(in_rank, lambda: _train(3, micro=2, record=True))
     assert [s for s, _ in sig.steps] == [1, 2, 3]
