@@ -19,9 +19,9 @@ sample given to the outermost module's forward in training mode (a module with p
 loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
 the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
 sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer and LR
-scheduler built and the outermost trained modules are found here and audited as the watched
-objects are (rank/watch.py), under the names `Found.named` gives.
+(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer, LR
+scheduler and `GradScaler` built and the outermost trained modules are found here and audited
+as the watched objects are (rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ class StepCounter:
 
 
 class Found:
-    """The objects the process trains with, found as they are used: optimizers (at their
-    first step), LR schedulers (when built), outermost trained modules (at their first
-    forward in training mode). Named by kind and order, the same in every run of the same
+    """The objects the process trains with, found as they are used: optimizers and LR
+    schedulers and GradScalers (when built: a resumed run's snapshot at its first forward
+    sees them), outermost trained modules (at their first forward in training mode). Named by kind and order, the same in every run of the same
     trainer. Held until the run ends: the last step is written when the user's code has
     returned, and its objects are gone by then."""
 
-    KINDS = ("model", "optimizer", "lr_scheduler")
+    KINDS = ("model", "optimizer", "lr_scheduler", "grad_scaler")
 
     def __init__(self) -> None:
         self.objects: dict[str, list[Any]] = {kind: [] for kind in self.KINDS}
@@ -133,7 +133,8 @@ class Found:
         return list(self.objects[kind])
 
     def named(self) -> dict[str, Any]:
-        """`{"model": ..., "optimizer": ..., "optimizer2": ..., "lr_scheduler": ...}`."""
+        """`{"model": ..., "optimizer": ..., "optimizer2": ..., "lr_scheduler": ...,
+        "grad_scaler": ...}`."""
         out: dict[str, Any] = {}
         for kind in self.KINDS:
             for i, obj in enumerate(self.of(kind)):
@@ -319,12 +320,19 @@ class AutoRecorder:
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
+        self.taken: Optional[Callable[[int], None]] = None
+        """Called with a step's number when its first optimizer step ran (or was skipped):
+        what the process does from here on (a save) comes after that step."""
 
     # -- what the hooks report ------------------------------------------------------------
 
     def step_taken(self, optimizer: Any, ran: bool = True) -> None:
         self.found.add("optimizer", optimizer)
+        before = self.counter.pending
         self._emit(self.counter.stepped(optimizer, ran))
+        pending = self.counter.pending
+        if pending is not None and pending is not before and self.taken is not None:
+            self.taken(pending.number)
 
     def boundary(self) -> None:
         self._emit(self.counter.boundary())
@@ -365,6 +373,10 @@ class AutoRecorder:
                 self.boundary()
                 if _has_parameters(module):  # found before the resume point's snapshot
                     self.found.add("model", module)
+            elif self.depth == 1 and torch.is_grad_enabled() and self._optimized(module):
+                # trained in eval mode (left there after a validation pass): its modes are
+                # what the audit must show; its inputs stay out of the data (an evaluation)
+                self.found.add("model", module)
 
         def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
             # the inputs are read here, where the global hook sees keyword arguments too
@@ -407,10 +419,27 @@ class AutoRecorder:
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
 
+    def _optimized(self, module: Any) -> bool:
+        """Whether an optimizer built so far updates `module`'s first parameter (a module
+        found already is not looked up again)."""
+        if any(m is module for m in self.found.of("model")):
+            return False
+        first = next(iter(module.parameters()), None)
+        return first is not None and any(
+            p is first
+            for opt in self.found.of("optimizer")
+            for group in opt.param_groups
+            for p in group["params"]
+        )
+
     def _wrap_scaler(self, scaler_class: type) -> None:
-        """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step."""
+        """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step. A
+        scaler is found when built (its dynamic scale is state a checkpoint must carry)."""
         original = scaler_class.step
         counter = self.counter
+        self.calls.wrap(
+            scaler_class, "__init__", lambda obj, *a, **k: self.found.add("grad_scaler", obj)
+        )
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             before = counter.ran

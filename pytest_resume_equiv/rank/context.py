@@ -296,6 +296,17 @@ class RankState:
         number = step.number + (self.first_after if ctx.resuming else 0)
         self.write_step(number, {}, self._auto_values([step]))
 
+    def _auto_taken(self, number: int) -> None:
+        """The optimizer step of automatic step `number` ran: a save from here on is of that
+        step (its line is written only at the next iteration's first forward), and a
+        split's draw trace starts here."""
+        ctx = self.context
+        if ctx is None or self.explicit:
+            return
+        number += ctx.split if ctx.resuming else 0
+        self.restores.after_step = self.files.after_step = number
+        self.point.optimizer_stepped(number, ctx.resuming, ctx.splits)
+
     def _auto_values(self, steps: list[Step]) -> dict[str, Any]:
         """The `auto` section of a step line made of `steps` (several when the trainer's
         `record` comes less often than its optimizer steps)."""
@@ -480,6 +491,7 @@ class RankState:
             # before the resume point's forward hook: a step written at a forward arms it
             self.auto = AutoRecorder(self._auto_step)
             self.auto.first_step_seen = self._first_step
+            self.auto.taken = self._auto_taken
             self.auto.install()
             self.watched.found = self.auto.found.named
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
