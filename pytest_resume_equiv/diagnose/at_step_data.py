@@ -181,7 +181,9 @@ def re_executed(ev: Evidence) -> Optional[Diagnosis]:
     many. It re-executed those steps (an epoch counter saved as the epoch the checkpoint was
     made in, so the resume runs that epoch again), not a later stop condition."""
     steps = ev.cmp.steps
-    extra = sorted({s for p in ev.cmp.problems if p.kind == "extra" for s in p.steps})
+    # read from the records, whatever the step problems call them (steps past the end, or a
+    # step counter resumed behind)
+    extra = sorted({s for by_step in ev.res.values() for s in by_step if s > steps})
     if not extra:
         return None
     for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps):

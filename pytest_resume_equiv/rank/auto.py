@@ -8,7 +8,9 @@ that steps two optimizers one after the other, or one optimizer per parameter gr
 one step); a forward or a backward after a step starts the next one. An optimizer that steps
 again with nothing between starts a new step too. A step that the trainer skipped (a
 `GradScaler` found inf/NaN gradients, so `optimizer.step` did not run) counts as a step and
-is recorded as skipped, so the steps after it keep their numbers.
+is recorded as skipped, so the steps after it keep their numbers. The step that DCP's
+`get_state_dict` / `set_state_dict` take to build a fresh optimizer's state (zero gradients,
+learning rates 0: `INIT_STATE_CALLERS`) is no step.
 
 Recorded per step (written when the next iteration begins, or at the end of the run):
 `loss`, the value of every tensor `backward()` was called on since the last step
@@ -138,6 +140,27 @@ class Found:
             for i, obj in enumerate(self.of(kind)):
                 out[kind if i == 0 else f"{kind}{i + 1}"] = obj
         return out
+
+
+INIT_STATE_CALLERS = {("_init_optim_state", "state_dict.py")}
+"""Functions that step an optimizer to build its state, not to train: DCP's
+`get_state_dict` / `set_state_dict` call `_init_optim_state`
+(torch/distributed/checkpoint/state_dict.py), a `step()` with zero gradients and the learning
+rates set to 0 on an optimizer that has no state yet (a resumed run before its load)."""
+
+
+def _initialising_state() -> bool:
+    """The optimizer step under way is one of `INIT_STATE_CALLERS`' (its hooks run in
+    `Optimizer.step`'s wrapper, called by the function a few frames up)."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if (code.co_name, code.co_filename.rsplit("/", 1)[-1]) in INIT_STATE_CALLERS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _has_parameters(module: Any) -> bool:
@@ -333,13 +356,16 @@ class AutoRecorder:
         from torch.optim import optimizer as optim
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
+            if _initialising_state():
+                return
             self.found.add("optimizer", opt)
             if self.first_step_seen is not None:
                 first, self.first_step_seen = self.first_step_seen, None
                 first()
 
         def post_step(opt: Any, args: Any, kwargs: Any) -> None:
-            self.step_taken(opt)
+            if not _initialising_state():
+                self.step_taken(opt)
 
         def pre_forward(module: Any, args: Any) -> None:
             self.depth += 1

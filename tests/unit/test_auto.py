@@ -193,6 +193,28 @@ def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank
     assert sig.loaded == {"split": 3, "counters": {"optimizer": 6}}
 
 
+def test_dcp_building_an_optimizers_state_is_no_step(in_rank):
+    """DCP's get_state_dict / set_state_dict step a fresh optimizer (zero gradients, lr 0) to
+    build its state: a resumed FSDP2 trainer does so before its load, and it is no step."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def resume():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model_state, optim_state = get_state_dict(model, opt)  # steps opt once, at lr 0
+        for state in optim_state["state"].values():
+            state["step"] = torch.tensor(3.0)  # as loaded from a checkpoint of step 3
+        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state)
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, resume, phase="resumed", split=3)
+    assert [s for s, _ in sig.steps] == [4, 5]
+    assert sig.loaded == {"split": 3, "counters": {"optimizer": 3}}
+
+
 def _resume_from(step):
     """A resumed trainer whose load restored an optimizer of `step` (none: loaded nothing)."""
 

@@ -882,3 +882,18 @@ def test_inputs_of_a_later_step_after_matching_ones_are_a_skip_made_again():
     d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
     assert d.bug_class == "skipped again", d.cause
     assert "the resumed run matched through step 4, then consumed the samples of step 6" in d.cause
+
+
+def test_new_inputs_after_a_draw_before_the_restore_get_the_workers_lead():
+    """Augmentation in DataLoader workers: their seeds come from a base seed the iterator drew
+    from the CPU RNG before the trainer restored it. The CPU RNG matches at the resume point,
+    the inputs are new: the draw before the restore is the lead."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    drew = point(restores=2, draws=[("random_", "rng:cpu", "dataloader.py:9", 1)])
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)], res_point=drew)
+    res[0].restores[:] = [LOAD, set_state]
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "unaudited input", d.cause
+    assert any(
+        "drawn from (random_ at dataloader.py:9) before it was restored" in n for n in d.notes
+    )
