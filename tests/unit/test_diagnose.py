@@ -841,3 +841,18 @@ def test_a_resume_that_re_executes_the_epoch_it_was_saved_in_is_named():
 def test_steps_past_the_end_without_a_replay_in_the_data_get_no_cause():
     base, res = auto_runs(inputs, res_steps=range(4, 10))
     assert diagnose(compare_runs(base, res, SPLIT, 6), base, res) is None
+
+
+def test_new_inputs_after_a_draw_before_the_restore_get_the_workers_lead():
+    """Augmentation in DataLoader workers: their seeds come from a base seed the iterator drew
+    from the CPU RNG before the trainer restored it. The CPU RNG matches at the resume point,
+    the inputs are new: the draw before the restore is the lead."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    drew = point(restores=2, draws=[("random_", "rng:cpu", "dataloader.py:9", 1)])
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)], res_point=drew)
+    res[0].restores[:] = [LOAD, set_state]
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "unaudited input", d.cause
+    assert any(
+        "drawn from (random_ at dataloader.py:9) before it was restored" in n for n in d.notes
+    )
