@@ -355,6 +355,10 @@ class RankState:
         take the snapshot here if one is due."""
         if self.context is None:
             return
+        if self.auto is not None:
+            # the top of a step: the one before it is complete (written now, not at its next
+            # training forward), so a split's point is due at this very call
+            self.auto.boundary()
         self.point.explicit = True
         if self.point.armed is not None:
             first = self.point.pending
@@ -373,6 +377,8 @@ class RankState:
         (`write=False`: taken at a forward, while `resume_point()` may still come)."""
         ctx = self.context
         assert ctx is not None
+        if self.auto is not None:
+            self.auto.adopt_loaded()
         # after a held snapshot the trace has ended: its draws are those up to that forward
         split, draws = self.point.take() if write else self.point.hold()
         checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
