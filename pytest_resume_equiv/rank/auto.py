@@ -1,27 +1,28 @@
 """Automatic recording: the training itself, seen from inside the rank, with no call in the
 trainer.
 
-A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration
-is told apart by what happens between optimizer steps: the optimizer steps with no forward
-(of an outermost module in training mode) and no `backward()` between them make one step (a trainer
-that steps two optimizers one after the other, or one optimizer per parameter group, records
-one step); a forward or a backward after a step starts the next one. An optimizer that steps
-again with nothing between starts a new step too. A step that the trainer skipped (a
-`GradScaler` found inf/NaN gradients, so `optimizer.step` did not run) counts as a step and
-is recorded as skipped, so the steps after it keep their numbers. The step that DCP's
-`get_state_dict` / `set_state_dict` take to build a fresh optimizer's state (zero gradients,
-learning rates 0: `INIT_STATE_CALLERS`) is no step.
+A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration is
+told apart by what happens between optimizer steps: the optimizer steps with no forward (of
+an outermost module in training mode, autograd on) and no `backward()` between them make one
+step (a trainer that steps two optimizers one after the other, or one optimizer per
+parameter group, records one step); a forward or a backward after a step starts the next
+one. An optimizer that steps again with nothing between starts a new step too. A step that
+the trainer skipped (a `GradScaler` found inf/NaN gradients, so `optimizer.step` did not
+run) counts as a step and is recorded as skipped, so the steps after it keep their numbers.
+The step that DCP's `get_state_dict` / `set_state_dict` take to build a fresh optimizer's
+state (zero gradients, learning rates 0: `INIT_STATE_CALLERS`) is no step.
 
 Recorded per step (written when the next iteration begins, or at the end of the run):
 `loss`, the value of every tensor `backward()` was called on since the last step
 (`Tensor.backward` and `torch.autograd.backward`, one per micro-batch); `data`, an id per
-sample given to the outermost module's forward in training mode (a module with parameters: a
-loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
-the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
-sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer, LR
-scheduler and `GradScaler` built and the outermost trained modules are found here and audited
-as the watched objects are (rank/watch.py), under the names `Found.named` gives.
+sample given to the outermost module's forward in training mode with autograd on (a module
+with parameters: a loss module is not the model; a forward under no_grad trains nothing): a
+hash of its row (dim 0) of every batched input tensor, with the other inputs whole, reduced
+on the device without a copy of the rows to the host. Ids per sample, not per micro-batch,
+so the global batch is accounted on any number of ranks (compare/accounting.py); `skipped`
+when no optimizer step ran. Every optimizer, LR scheduler and `GradScaler` built and the
+outermost trained modules are found here and audited as the watched objects are
+(rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
@@ -372,7 +373,9 @@ class AutoRecorder:
 
         def pre_forward(module: Any, args: Any) -> None:
             self.depth += 1
-            if self.depth == 1 and module.training:
+            # a forward under no_grad (a loss logged, a teacher) trains nothing: no step
+            # begins there and its inputs are no training data, in training mode too
+            if self.depth == 1 and module.training and torch.is_grad_enabled():
                 self.boundary()
                 if _has_parameters(module):  # found before the resume point's snapshot
                     self.found.add("model", module)
@@ -384,7 +387,12 @@ class AutoRecorder:
         def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
             # the inputs are read here, where the global hook sees keyword arguments too
             self.depth = max(0, self.depth - 1)
-            if self.depth == 0 and module.training and _has_parameters(module):
+            if (
+                self.depth == 0
+                and module.training
+                and torch.is_grad_enabled()
+                and _has_parameters(module)
+            ):
                 given = [*_tensors(args), *_tensors(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))

@@ -18,7 +18,7 @@ CAUSES = {
     "optimizer_moments": ("likely cause", "'optimizer'", "at the resume point"),
     "owned_generator": ("the generator created at noisezoo.py:", "was never restored"),
     "cpu_rng": ("the CPU RNG (torch's default generator) was never restored",),
-    "scheduler": ("the LR scheduler 'scheduler' was never restored",),
+    "scheduler": ("the LR scheduler 'lr_scheduler' was never restored",),
 }
 CASES = [
     *[("unseeded", bug) for bug in CAUSES],
@@ -34,7 +34,7 @@ def _name(noise: str, bug: str) -> str:
 
 def _module() -> str:
     lines = ["from pytest_resume_equiv import resume_equivalent", ""]
-    marker = "@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)"
+    marker = "@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)"
     for noise, bug in [*[(n, "none") for n in NOISES], *CASES]:
         command = ["noisezoo.py", f"--noise={noise}"]
         resume = [f"--bug={bug}"] if bug != "none" else []

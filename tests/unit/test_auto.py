@@ -462,3 +462,25 @@ def test_a_resumed_run_audits_its_loaded_model_at_a_resume_point_before_any_forw
     point = sig.resume_point(3)
     assert point is not None and "model.params" in point["watch"]
     assert sig.found == ["model", "optimizer"]  # the EMA is no optimizer's
+
+
+def test_a_forward_under_no_grad_is_no_training_input(in_rank):
+    """A loss logged after the step under no_grad, the model still in training mode: no step
+    begins there and its inputs are not the next step's data (a resumed run, which did not
+    log the step before its first, would read other data at its first step)."""
+
+    def train(log):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if log:
+                with torch.no_grad():
+                    model(torch.full((3, 4), 7.0))
+
+    plain = _run(in_rank, lambda: train(False))
+    logged = _run(in_rank, lambda: train(True), run_dir=plain.path + ".logged")
+    assert [v["auto:data"] for _, v in logged.steps] == [v["auto:data"] for _, v in plain.steps]
