@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..compare.comparators import Comparator, Run
+from ..compare.gate import GateFacts
 from ..compare.jsonable import NOT_IN_JSON
 from ..launch.running import LaunchResult
 from ..rank.layout import read_status
@@ -140,8 +141,8 @@ def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparat
     row.verdict = verdict
     if verdict.status == "passed":
         return _set(row, EXACT, f"exact (resumed from step {start})")
-    held = verdict.facts[0] if verdict.facts else None
-    if held is not None and getattr(held, "failed", False):
+    held = next((f for f in verdict.facts if isinstance(f, GateFacts)), None)
+    if held is not None and held.failed:
         return _set(
             row,
             FAILED,
@@ -153,7 +154,7 @@ def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparat
     )
 
 
-def _differing(held: Any) -> str:
+def _differing(held: GateFacts) -> str:
     return "; ".join(
         f"rank {rank}: {', '.join(keys[:4])}" for rank, keys in sorted(held.differing.items())
     )

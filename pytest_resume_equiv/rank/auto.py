@@ -24,16 +24,17 @@ objects are (rank/watch.py), under the names `Found.named` gives.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fingerprint import Fingerprint, Later, content_hash, hash_bytes, local_shard
+from .fingerprint import Later, deferred, one_transfer
+from .inputs import batch_parts, loss_value, sample_ids, tensors_in
 from .wrapping import Wrapper
 
-Emit = Callable[["Step"], None]
-"""Called with each step once it is complete (the rank state writes its line)."""
+Write = Callable[[int, Mapping[str, Any], dict[str, Any], bool], None]
+"""Writes one step line: its number, the trainer's values, the automatic values, and whether
+automatic recording wrote it with no `record` call (the rank state's `write_step`)."""
 
 
 @dataclass
@@ -137,124 +138,27 @@ def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
 
 
-def _tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """The tensors in a forward's arguments, with where they were (`0`, `x`, `0.ids`)."""
-    torch = sys.modules["torch"]
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}.{i}" if path else str(i))
-    elif isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield from _tensors(value[key], f"{path}.{key}" if path else str(key))
-
-
-def _fingerprint(tensor: Any) -> Fingerprint:
-    """The content hash of one tensor, left on its device (a `Later`) until the step's line
-    is written: no copy to the host, no sync in the forward."""
-    flat = local_shard(tensor)
-    if flat.device.type in ("cpu", "meta") or flat.numel() == 0:
-        return content_hash(flat)
-    from .fingerprint import _digest
-
-    digest = _digest(flat.reshape(-1).contiguous())
-    return Later(digest.words, lambda words: "d" + digest.finish(words))
-
-
-_MASK64 = (1 << 64) - 1
-SAMPLE_BITS = 52
-"""Bits of a sample's id: exact in any JSON reader (a double holds 53), and far from a
-collision among the samples of a run."""
-
-
-def _row_digests(tensor: Any) -> Any:
-    """One 64-bit digest per row (dim 0) of `tensor`: a list of ints on CPU, a `Later` on a
-    device (reduced there, integer arithmetic only, no copy of the rows to the host)."""
-    import torch
-
-    local = local_shard(tensor).contiguous()
-    rows = local.shape[0]
-    raw = local.reshape(-1).view(torch.uint8).reshape(rows, -1)
-    if local.device.type == "cpu":
-        data = raw.numpy()
-        return [_hash64(data[i]) for i in range(rows)]
-    pad = (-raw.shape[1]) % 4
-    if pad:
-        raw = torch.nn.functional.pad(raw, (0, pad))
-    words = raw.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    idx = torch.arange(words.shape[1], device=words.device, dtype=torch.int64)
-    mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
-    mixed = mixed ^ (mixed >> 31)
-    first, second = mixed.sum(dim=1), (mixed * ((idx << 1) | 1)).sum(dim=1)
-
-    def finish(found: list[int]) -> list[int]:
-        return [
-            ((found[i] & _MASK64) * 0x9E3779B97F4A7C15 ^ (found[rows + i] & _MASK64)) & _MASK64
-            for i in range(rows)
-        ]
-
-    return Later(torch.cat([first, second]), finish)
-
-
-def _hash64(row: Any) -> int:
-    return int(hash_bytes(row)[:16], 16)
-
-
-def batch_parts(inputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """What a micro-batch's samples are told by: the tensors whose first dimension is the
-    batch's (the first tensor's) by row, every other tensor whole, each named by where it was
-    given, its dtype and the shape of a row."""
-    tensors = [(w, t) for w, t in inputs if t.dim() >= 1 and t.shape[0] > 0]
-    size = tensors[0][1].shape[0] if tensors else None
-    parts = []
-    for where, tensor in inputs:
-        label = f"{where}:{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape[1:])}"
-        if size is not None and tensor.dim() >= 1 and tensor.shape[0] == size:
-            parts.append((f"rows {label}", _row_digests(tensor)))
-        else:
-            parts.append((f"whole {label}", _fingerprint(tensor)))
-    return parts
-
-
-def sample_ids(parts: list[tuple[str, Any]]) -> list[int]:
-    """Each sample's id in a micro-batch (its parts resolved): its rows of every batched
-    tensor and every other tensor whole, hashed together; one id for a batch with no rows."""
-    rows = [(where, found) for where, found in parts if where.startswith("rows ")]
-    whole = "|".join(f"{where}={found}" for where, found in parts if where.startswith("whole "))
-    count = len(rows[0][1]) if rows else 1
-    out = []
-    for i in range(count):
-        text = "|".join(f"{where}={found[i]}" for where, found in rows) + "|" + whole
-        out.append(int(hash_bytes(text.encode())[:16], 16) >> (64 - SAMPLE_BITS))
-    return out
-
-
-def _loss_value(tensor: Any) -> Any:
-    """A backward's tensor as the step keeps it until it is written: detached (a scalar's
-    value as float64 bits on its device, read with the step's other device values)."""
-    torch = sys.modules["torch"]
-    local = local_shard(tensor)
-    if local.numel() == 1 and (local.is_floating_point()):
-        bits = local.reshape(1).to(torch.float64).view(torch.int64)
-        return Later(bits, _float_of_bits)
-    return _fingerprint(local)
-
-
-def _float_of_bits(words: list[int]) -> Any:
-    import struct
-
-    from .encode import encode_float
-
-    return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])
-
-
 class AutoRecorder:
-    """The hooks that feed a `StepCounter` and `Found`, and hand each complete step to
-    `emit`. Installed by the rank state when automatic recording is on."""
+    """The hooks that feed a `StepCounter` and `Found`, and the step lines they make: each
+    complete step is written (`write`), numbered from `first - 1` on, unless the trainer
+    numbers the steps itself (`record`), whose lines then carry the automatic values.
+    Installed by the rank state when automatic recording is on."""
 
-    def __init__(self, emit: Emit) -> None:
-        self.emit = emit
+    def __init__(self, write: Write, label: Callable[[int], None], offset: int = 0) -> None:
+        self.write = write
+        self.label = label
+        """Told the number of each step as it is taken: the restore and file logs label
+        what follows with it (a save right after `optimizer.step()` is of that step, though
+        its line is written only when the next iteration begins)."""
+        self.offset = offset
+        """Added to the count (a resumed launch's first step is `split + 1`)."""
+        self.explicit = False
+        """The trainer called `record`: it numbers the steps, automatic values go beside."""
+        self.carried: list[Step] = []
+        """Steps taken since the trainer's last `record` (their values go in its next)."""
+        self.loaded: Optional[Callable[[dict[str, int]], None]] = None
+        """Called once with the step counters, before the first optimizer step (a resumed
+        launch: they say which step the load restored)."""
         self.counter = StepCounter()
         self.found = Found()
         self.depth = 0
@@ -262,26 +166,72 @@ class AutoRecorder:
         self.handles: list[Any] = []
         self.calls = Wrapper()
         self.scaler_calls = Wrapper()
-        self.first_step_seen: Optional[Callable[[], None]] = None
-        """Called once, before the first optimizer step of the process (a resumed run reads
-        the counters its load restored there)."""
+        self.not_training = Wrapper()
+        """Library calls that step an optimizer to build its state, not to train (DCP's
+        `_init_optim_state`, with zero gradients and a zero learning rate, from
+        `get_state_dict` / `set_state_dict` in a process whose optimizer has no state yet:
+        a resumed one). Steps inside them are no steps."""
 
     # -- what the hooks report ------------------------------------------------------------
 
     def step_taken(self, optimizer: Any, ran: bool = True) -> None:
         self.found.add("optimizer", optimizer)
-        self._emit(self.counter.stepped(optimizer, ran))
+        before = self.counter.pending
+        self._complete(self.counter.stepped(optimizer, ran))
+        taken = self.counter.pending
+        if taken is not before and taken is not None and not self.explicit:
+            self.label(taken.number + self.offset)
 
     def boundary(self) -> None:
-        self._emit(self.counter.boundary())
+        self._complete(self.counter.boundary())
 
-    def flush(self) -> Optional[Step]:
-        """The step taken and not yet written (the run ended, or an explicit record)."""
-        return self.counter.boundary()
+    def _complete(self, step: Optional[Step]) -> None:
+        """A step is complete: its own line, or carried into the trainer's next `record`."""
+        if step is None:
+            return
+        if self.explicit:
+            self.carried.append(step)
+        else:
+            self.write(step.number + self.offset, {}, self.values([step]), True)
 
-    def _emit(self, step: Optional[Step]) -> None:
-        if step is not None:
-            self.emit(step)
+    def finish(self) -> None:
+        """The user's code returned: the step taken and not yet written is."""
+        last = self.counter.boundary()
+        if last is not None and not self.explicit:
+            self._complete(last)
+
+    def record_values(self) -> dict[str, Any]:
+        """The trainer's `record`: from now on it numbers the steps; its line holds the
+        automatic values of the steps since its last call and of what the iteration under
+        way has seen so far."""
+        self.explicit = True
+        steps, self.carried = self.carried, []
+        pending = self.counter.boundary()
+        steps += [pending] if pending is not None else []
+        steps.append(self.counter.take_seen())
+        return self.values(steps)
+
+    def values(self, steps: list[Step]) -> dict[str, Any]:
+        """The `auto` section of a step line made of `steps` (several when the trainer's
+        `record` comes less often than its optimizer steps)."""
+        with one_transfer() as batch:  # the losses and inputs left on a device: one copy
+            held = batch.resolve(
+                {
+                    "loss": [_deferred(v) for s in steps for v in s.losses],
+                    "data": [
+                        [(w, _deferred(f)) for w, f in inputs] for s in steps for inputs in s.inputs
+                    ],
+                }
+            )
+        out: dict[str, Any] = {}
+        if held["loss"]:
+            out["loss"] = held["loss"]
+        if held["data"]:
+            out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
+        taken = [s for s in steps if s.optimizers]  # not what a record took before a step
+        if taken and all(s.skipped for s in taken):
+            out["skipped"] = True
+        return out
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -295,12 +245,15 @@ class AutoRecorder:
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
             self.found.add("optimizer", opt)
-            if self.first_step_seen is not None:
-                first, self.first_step_seen = self.first_step_seen, None
-                first()
+            if self.not_training.nested:
+                return
+            if self.loaded is not None:
+                loaded, self.loaded = self.loaded, None
+                loaded(counters(self.found, before_step=True))
 
         def post_step(opt: Any, args: Any, kwargs: Any) -> None:
-            self.step_taken(opt)
+            if not self.not_training.nested:
+                self.step_taken(opt)
 
         def pre_forward(module: Any, args: Any) -> None:
             self.depth += 1
@@ -313,7 +266,7 @@ class AutoRecorder:
             # the inputs are read here, where the global hook sees keyword arguments too
             self.depth = max(0, self.depth - 1)
             if self.depth == 0 and module.training and _has_parameters(module):
-                given = [*_tensors(args), *_tensors(kwargs, "kw")]
+                given = [*tensors_in(args), *tensors_in(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))
 
@@ -330,7 +283,7 @@ class AutoRecorder:
             self.boundary()
             for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
                 if isinstance(tensor, torch.Tensor):
-                    self.counter.loss(_loss_value(tensor))
+                    self.counter.loss(loss_value(tensor))
 
         # reported once the outermost backward returned (Tensor.backward calls autograd's)
         self.calls.wrap(torch.Tensor, "backward", backward_called)
@@ -349,6 +302,11 @@ class AutoRecorder:
         self.calls.wrap(
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
+
+    def install_dcp_state_dict(self, module: Any) -> None:
+        """`torch.distributed.checkpoint.state_dict`, once imported: its optimizer state
+        initialisation steps no step (`not_training`)."""
+        self.not_training.wrap(module, "_init_optim_state", lambda *args, **kwargs: None)
 
     def _wrap_scaler(self, scaler_class: type) -> None:
         """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step."""
@@ -372,6 +330,7 @@ class AutoRecorder:
         self.handles = []
         self.calls.unwrap()
         self.scaler_calls.unwrap()
+        self.not_training.unwrap()
 
 
 def counters(found: Found, before_step: bool = False) -> dict[str, int]:
@@ -415,3 +374,7 @@ def _optimizer_step(optimizer: Any) -> Optional[int]:
             except (TypeError, ValueError):
                 return None
     return None
+
+
+def _deferred(value: Any) -> Any:
+    return deferred(value) if isinstance(value, Later) else value
