@@ -99,6 +99,7 @@ def in_rank(tmp_path, monkeypatch):
         run_dir=None,
         device_kind="cpu",
         auto=True,
+        picks_checkpoint=False,
     ):
         run_dir = str(run_dir or tmp_path / phase)
         current().close()
@@ -110,6 +111,7 @@ def in_rank(tmp_path, monkeypatch):
             split=split,
             splits=(split,),
             auto=auto,
+            picks_checkpoint=picks_checkpoint,
         )
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())
         monkeypatch.setenv("RANK", str(rank))

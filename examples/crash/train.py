@@ -10,6 +10,9 @@ Run by hand:  torchrun --nproc-per-node=2 train.py --max-steps=6 --save-at=2,4 \
                   --ckpt-root=/tmp/x/checkpoints --saver=atomic
 then again, same command: it resumes from step 4 and runs steps 5-6.
 
+Nothing here knows about the plugin: under a resume test every rank records each optimizer
+step by itself, so this file is tested as it is.
+
 `--saver=...` picks how a checkpoint is written and found again. Only `atomic` is correct;
 the others are classic crash-consistency bugs, there to show that the test catches them:
 
@@ -39,8 +42,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import pytest_resume_equiv as req
-
 SAVERS = ("atomic", "in-place", "latest-first", "delete-previous")
 BATCH = 4  # samples per rank per step
 
@@ -62,13 +63,11 @@ def parse_args() -> argparse.Namespace:
 # --- Data: a pure function of (step, rank), so a checkpoint needs nothing else for it. -------
 
 
-def batch(step: int, rank: int, world: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """This rank's samples of `step`: their ids (unique over steps and ranks), inputs, targets."""
-    first = ((step - 1) * world + rank) * BATCH
-    ids = list(range(first, first + BATCH))
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's samples of `step`: inputs and targets."""
     generator = torch.Generator().manual_seed(step * 1000 + rank)
     x = torch.randn(BATCH, 8, generator=generator)
-    return ids, x, x.sum(dim=1, keepdim=True)
+    return x, x.sum(dim=1, keepdim=True)
 
 
 # --- Writing files: the small steps every saver is made of. ----------------------------------
@@ -200,19 +199,13 @@ def load_checkpoint(folder: str, model: nn.Module, optimizer) -> int:
 def main() -> None:
     args = parse_args()
     save_at = {int(s) for s in args.save_at.split(",") if s}
-    ctx = req.context()  # None when run by hand: then plain CPU + gloo
-    device = ctx.device if ctx else torch.device("cpu")
-    if ctx:
-        ctx.init_process_group()
-    else:
-        dist.init_process_group("gloo")
+    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # same initial weights on every rank; no RNG is drawn after this
-    model = nn.Linear(8, 1).to(device)
+    model = nn.Linear(8, 1)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    req.watch(model=model, optimizer=optimizer)  # fingerprints per step
 
     # Rank 0 picks the checkpoint, so that every rank loads the same one.
     picked = [find_checkpoint(args.saver, args.ckpt_root) if rank == 0 else None]
@@ -231,12 +224,11 @@ def main() -> None:
 
     losses: dict[int, float] = {}
     for step in range(start, args.max_steps + 1):
-        ids, x, y = batch(step, rank, world)
-        loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
+        x, y = batch(step, rank)
+        loss = nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        req.record(step, loss=loss.item(), sample_ids=ids)
         total = loss.detach().clone()
         dist.all_reduce(total)  # the global batch's loss, for the --metrics file
         losses[step] = total.item() / world

@@ -3,7 +3,7 @@
 The same trainer with `--bug=no-cpu-rng` forgets to restore the CPU RNG after loading its
 checkpoint. A real test would simply fail with the report below; this demo catches the
 failure so the example run stays green, prints the report (shown with `pytest -rP`), and
-checks that it names the step, the rank and the key.
+checks that it names the step, the rank and the cause.
 """
 
 from pathlib import Path
@@ -15,7 +15,7 @@ from pytest_resume_equiv import resume_equivalent
 TRAIN = str(Path(__file__).with_name("train.py"))
 
 
-@resume_equivalent(steps=6, split=3, nproc=2)
+@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
 def test_forgotten_cpu_rng_is_caught(resume_equiv):
     with pytest.raises(pytest.fail.Exception) as caught:
         resume_equiv.run(
@@ -24,4 +24,5 @@ def test_forgotten_cpu_rng_is_caught(resume_equiv):
         )
     report = str(caught.value)
     print(report)
-    assert "first divergence at step 4, rank 0, key 'loss'" in report
+    assert "first divergence at step 4, rank 0" in report
+    assert "likely cause (never restored): rank 0: the CPU RNG" in report

@@ -5,6 +5,10 @@ then resume:  torchrun --nproc-per-node=2 train.py --max-steps=6 --output-dir=ou
                   --resume-from=out/checkpoints/step_3
 
 `--bug=...` switches on a classic resume bug, to show that the test catches it.
+
+Nothing here knows about the plugin: no import, no call. Under a resume test every rank
+records each optimizer step by itself (the loss of each `backward()`, the inputs' sample ids,
+the model, optimizer and scheduler, every random stream), so this file is tested as it is.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-import pytest_resume_equiv as req
 
 BUGS = ("none", "no-cpu-rng", "restart-from-zero")
 
@@ -41,22 +43,16 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     save_at = {int(s) for s in args.save_at.split(",") if s}
-    ctx = req.context()  # None when run by hand: then plain CPU + gloo
-    device = ctx.device if ctx else torch.device("cpu")
-    if ctx:
-        ctx.init_process_group()
-    else:
-        dist.init_process_group("gloo")
+    dist.init_process_group("gloo")
     rank = dist.get_rank()
 
     # Same initial weights on every rank; then a per-rank stream for data and dropout.
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1)).to(device)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1))
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
     torch.manual_seed(1000 + rank)
-    req.watch(model=model, optimizer=optimizer, scheduler=scheduler)  # fingerprints per step
 
     metrics: dict[int, list[float]] = {}
     start = 1
@@ -71,14 +67,13 @@ def main() -> None:
         start = 1 if args.bug == "restart-from-zero" else state["step"] + 1
 
     for step in range(start, args.max_steps + 1):
-        x = torch.randn(16, 8).to(device)
+        x = torch.randn(16, 8)
         y = x.sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         scheduler.step()
-        req.record(step, loss=loss.item(), lr=scheduler.get_last_lr()[0])
         metrics[step] = [loss.item(), scheduler.get_last_lr()[0]]
 
         if step in save_at:

@@ -141,6 +141,8 @@ def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparat
     row.verdict = verdict
     if verdict.status == "passed":
         return _set(row, EXACT, f"exact (resumed from step {start})")
+    # the gate-held finding (the state after loading differs); a loaded-step finding cannot
+    # be one here, the start being the step the load restored
     held = next((f for f in verdict.facts if isinstance(f, GateFacts)), None)
     if held is not None and held.failed:
         return _set(

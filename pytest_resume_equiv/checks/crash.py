@@ -134,6 +134,8 @@ class Crash(Check):
             context = dataclasses.replace(crash.spec.context, crash=point.to_context())
             crash.spec = dataclasses.replace(crash.spec, context=context)
             resumed = planner.resuming(f"resumed-{name}", "resumed", self.split, self.full, crash)
+            context = dataclasses.replace(resumed.spec.context, picks_checkpoint=True)
+            resumed.spec = dataclasses.replace(resumed.spec, context=context)
             crash.may_fail = resumed.may_fail = True
             row = Row(point.name, point.where(run_dir), status="pending")
             self.pairs.append(Pair(point, crash, resumed, row))

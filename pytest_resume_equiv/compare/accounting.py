@@ -100,10 +100,66 @@ class DataAccount:
     what the uninterrupted run had consumed at earlier steps: data replayed."""
     epochs: Optional[tuple[int, int]] = None
     """(replayed epoch, epoch it was replayed in), when a watched loader tells the epochs."""
+    batches: list[tuple[int, int]] = field(default_factory=list)
+    """(resumed step, uninterrupted step) for each resumed step that consumed the whole global
+    batch of another uninterrupted step (the same samples, all ranks' together): a batch
+    repeated (an earlier step's) or consumed ahead (a later one's)."""
+    unconsumed: list[int] = field(default_factory=list)
+    """Uninterrupted steps after the split none of whose samples the resumed run consumed:
+    their batch was never consumed (skipped)."""
+    unknown: list[int] = field(default_factory=list)
+    """Input ids (`auto:data`) the resumed run consumed that the uninterrupted run consumed at
+    no step: content it never saw (kept out of `repeated`: they were seen once, not twice)."""
+    unknown_steps: list[int] = field(default_factory=list)
+    """The resumed steps that consumed those."""
+    first_different: int = 0
+    """The first resumed step whose global batch differs from the uninterrupted run's (0: none)."""
 
     @property
     def exact(self) -> bool:
-        return not (self.missing or self.fewer or self.repeated or self.moved)
+        return not (self.missing or self.fewer or self.repeated or self.moved or self.unknown)
+
+    @property
+    def content_differs(self) -> bool:
+        """The first resumed step whose batch differs holds inputs the uninterrupted run never
+        saw: their content differs (transformed after the sampler, by a random augmentation,
+        or other data), which no order of the same samples explains. Inputs past the end of the
+        uninterrupted run's data, consumed after a skip, come after such a step, not at it."""
+        return bool(self.unknown_steps) and self.unknown_steps[0] == self.first_different
+
+    def order_words(self) -> str:
+        """Which step's batch was repeated or never consumed, from the global batches: `step 4
+        consumed the batch of step 3 again, and each later step the batch of the step before
+        its own (the batch of step 6 was never consumed)`; "" when the batches show none."""
+        if self.content_differs:
+            return ""
+        moved = [(s, t) for s, t in self.batches if s != t]
+        never = [s for s in self.unconsumed if all(s != t for _, t in moved)]
+        if not moved:
+            return f"the batch of {_steps(never)} {_was(never)} never consumed" if never else ""
+        s, t = moved[0]
+        again = " again" if t < s else ""
+        first = f"step {s} consumed the batch of step {t}{again}"
+        shift = t - s
+        rest = moved[1:]
+        steps = [a for a, _ in moved]
+        if (
+            rest
+            and all(b - a == shift for a, b in rest)
+            and steps == list(range(s, s + len(steps)))
+        ):
+            where = "after" if shift > 0 else "before"
+            gap = "the step" if abs(shift) == 1 else f"the step {abs(shift)} steps"
+            first += f", and each later step the batch of {gap} {where} its own"
+        elif rest:
+            first += "; " + "; ".join(
+                f"step {a} the batch of step {b}{' again' if b < a else ''}" for a, b in rest[:3]
+            )
+        if never and shift > 0 and never[0] < s + shift:
+            return f"the batch of {_steps(never)} {_was(never)} never consumed: {first}"
+        if never:
+            return f"{first} (the batch of {_steps(never)} {_was(never)} never consumed)"
+        return first
 
     def replay_words(self) -> str:
         """The replay in words: `the resumed epoch 1 consumes the samples of epoch 0's steps
@@ -157,6 +213,14 @@ class DataAccount:
         name = "data (the model's inputs, by content)"
         if self.exact:
             return f"{name}: every sample consumed exactly once, at the same step"
+        if self.content_differs:
+            n = len(self.unknown)
+            return (
+                f"{name} after the resume: {_steps(self.unknown_steps)} consumed {n} "
+                f"input{'s' if n > 1 else ''} found nowhere in the uninterrupted run: their "
+                "content differs (the samples transformed otherwise after the sampler, as by a "
+                "random augmentation, or other data), not their order"
+            )
         parts = []
         for ids, what in (
             (self.missing, "never seen"),
@@ -166,10 +230,23 @@ class DataAccount:
         ):
             if ids:
                 parts.append(f"{len(ids)} sample{'s' if len(ids) > 1 else ''} {what}")
+        if self.unknown:
+            n = len(self.unknown)
+            parts.append(
+                f"{n} sample{'s' if n > 1 else ''} the uninterrupted run never consumed (at "
+                f"{_steps(self.unknown_steps)}, past its data)"
+            )
         text = f"{name} after the resume: " + ", ".join(parts)
-        if self.replayed:
+        if self.replayed and self._replay_is_all():
             text += f" ({self.replay_words()}: an earlier part of the data replayed)"
+        elif self.order_words():
+            text += f": {self.order_words()}"
         return text
+
+    def _replay_is_all(self) -> bool:
+        """Whether the replay of earlier steps explains every batch that moved."""
+        moved = [(s, t) for s, t in self.batches if s != t]
+        return bool(self.replayed) and [s for s, _ in moved] == list(self.replayed[0])
 
 
 def account(
@@ -247,7 +324,38 @@ def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:
         moved |= set((Counter(ids) - Counter(base.get(step, []))).elements()) & set(expected)
     result.moved = sorted(moved - set(result.repeated) - set(result.fewer))
     result.replayed = _replayed(base, res, split)
+    if key == CONTENT_KEY:
+        _by_batch(result, base, res, split)
     return result
+
+
+def _by_batch(result: DataAccount, base: StepIds, res: StepIds, split: int) -> None:
+    """The input ids' account by whole global batches: inputs found nowhere in the
+    uninterrupted run (kept apart from the repeated ones), the batch each resumed step
+    consumed, the batches never consumed. Content ids say nothing of one sample alone, but a
+    step's whole batch, every rank's together, is the same on any number of ranks."""
+    everywhere = {i for ids in base.values() for i in ids}
+    result.unknown = sorted(i for ids in res.values() for i in ids if i not in everywhere)
+    result.unknown_steps = sorted(s for s, ids in res.items() if set(ids) - everywhere)
+    result.repeated = [i for i in result.repeated if i in everywhere]
+    before = {i for s, ids in base.items() if s <= split for i in ids}
+    result.from_earlier = bool(result.repeated) and set(result.repeated) <= before
+    result.first_different = next(
+        (s for s, ids in sorted(res.items()) if sorted(ids) != sorted(base.get(s, []))), 0
+    )
+    where: dict[tuple[int, ...], list[int]] = {}
+    for step, ids in sorted(base.items()):
+        if ids:
+            where.setdefault(tuple(sorted(ids)), []).append(step)
+    for step, ids in sorted(res.items()):
+        found = where.get(tuple(sorted(ids)), [])
+        if found and step not in found:
+            # the nearest, an earlier one on a tie: the batch consumed again
+            result.batches.append((step, min(found, key=lambda s: (abs(s - step), s))))
+    consumed = {i for ids in res.values() for i in ids}
+    result.unconsumed = [
+        s for s, ids in sorted(base.items()) if s > split and ids and not set(ids) & consumed
+    ]
 
 
 def _replayed(base: StepIds, res: StepIds, split: int) -> Optional[tuple[list[int], list[int]]]:
@@ -262,6 +370,10 @@ def _replayed(base: StepIds, res: StepIds, split: int) -> Optional[tuple[list[in
     if not pairs:
         return None
     return [s for s, _ in pairs], [b for _, b in pairs]
+
+
+def _was(steps: list[int]) -> str:
+    return "was" if len(steps) == 1 else "were"
 
 
 def _ids(ids: list[int]) -> str:

@@ -60,6 +60,12 @@ class GateFacts:
         if not self.failed:
             return []
         where = "; ".join(f"rank {r}: {', '.join(keys[:6])}" for r, keys in self.differing.items())
+        if all(is_identity_key(k) for keys in self.differing.values() for k in keys):
+            return [
+                f"{label}: at the resume point ({self.at}) every restored state equals "
+                f"{self.reference}'s, but the first resumed step consumed other data: {where}. "
+                "The resume did not put the data where it was"
+            ]
         return [
             f"{label}: at the resume point ({self.at}) the resumed run's state differs from "
             f"{self.reference}'s at the same point: {where}. A load is a copy, so no noise "

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from ..rank.layout import is_audit_key
 from ..signature import Signature
 
 
@@ -91,8 +92,52 @@ def step_problems(
         )
     if got != expected:
         whole = _whole_run_problem(rank, got, expected, split)
-        problems += [whole] if whole else _resumed_step_problems(rank, got, split, steps)
+        behind = _counter_behind(rank, got, split, steps) if auto_numbered(resumed) else None
+        problems += (
+            [whole]
+            if whole
+            else [behind]
+            if behind
+            else _resumed_step_problems(rank, got, split, steps)
+        )
     return problems
+
+
+def auto_numbered(sig: Signature) -> bool:
+    """Steps numbered by automatic recording (rank/auto.py: a resumed launch's first step
+    is `split + 1`, whatever the trainer's own counter says), not by `record` calls: a
+    resumed launch that wrote its `loaded` line and recorded no value of the trainer's."""
+    return sig.loaded is not None and not any(
+        not is_audit_key(key) for _, values in sig.steps for key in values
+    )
+
+
+def _counter_behind(rank: int, got: set[int], split: int, steps: int) -> Optional[StepProblem]:
+    """An automatically numbered resumed run that took k more optimizer steps than the
+    uninterrupted run after the split (steps split+1 .. steps+k): the trainer's own step
+    counter, which decides when it stops, resumed k behind the checkpoint's step, so in its
+    own numbering it re-executed the k steps before the split."""
+    extra = sorted(s for s in got if s > steps)
+    if not extra or got != set(range(split + 1, steps + len(extra) + 1)) or len(extra) > split:
+        return None
+    replayed = list(range(split - len(extra) + 1, split + 1))
+    took = (
+        f"rank {rank}: the resumed run took {len(got)} optimizer steps after the split where "
+        f"the uninterrupted run took {steps - split} (it recorded {steps_text(extra)}, past "
+        f"steps={steps}): its step counter resumed at {split - len(extra)}, not {split}"
+    )
+    if len(extra) == 1:
+        why = (
+            f", so it re-executed step {split}, the step the checkpoint was saved after: the "
+            "global step counter was saved or restored off by one"
+        )
+    else:
+        why = (
+            f", so it re-executed {steps_text(replayed)}, which the checkpoint saved at step "
+            f"{split} had already done; the resume restarted from step {replayed[0]} instead "
+            f"of continuing at step {split + 1} (step counter not restored?)"
+        )
+    return StepProblem("re-executed", rank, tuple(replayed), took + why)
 
 
 def _whole_run_problem(

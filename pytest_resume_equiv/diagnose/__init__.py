@@ -18,6 +18,7 @@ from ..rank.layout import WATCH, section_of
 from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
+from .at_step_data import inputs_note, re_executed
 from .classes import DATA_ORDER, DATALOADER_WORKERS
 from .evidence import Diagnosis, Evidence
 
@@ -29,12 +30,13 @@ def diagnose(
 ) -> Optional[Diagnosis]:
     """The likely cause of `cmp`'s first divergence (None when there is none). A resumed run
     whose steps are wrong (it recorded none, or others) gets a cause only when its checkpoint
-    explains it: the step problems say the rest."""
+    explains it, or its data shows it re-executed the steps before the split: the step
+    problems say the rest."""
     if cmp.equal:
         return None
     ev = Evidence.of(cmp, base, res)
     if cmp.divergence is None:
-        return other_checkpoint(ev) or checkpoint_rewritten(ev)
+        return other_checkpoint(ev) or checkpoint_rewritten(ev) or re_executed(ev)
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
     if found is None:
         found = classify_at_step(ev)
@@ -42,9 +44,9 @@ def diagnose(
             lead = drawn_before_restore(ev)
             if lead:
                 found.notes.append(lead)
-    note = _only_other_ranks(ev)
-    if note:
-        found.notes.append(note)
+    for note in (inputs_note(ev, found), _only_other_ranks(ev)):
+        if note:
+            found.notes.append(note)
     return found
 
 

@@ -22,10 +22,14 @@ def topology_diagnosis(cmp: Comparison, check: TopologyFacts) -> Optional[Diagno
     wrong = [item for item in check.data if not item.exact]
     if wrong:
         keys = ", ".join(item.key for item in wrong)
+        order = next((item.order_words() for item in wrong if item.order_words()), "")
         return Diagnosis(
             f"data not equivalent on {b} rank{'s' * (b != 1)}: over the global batch the resumed "
-            f"run consumed other samples ({keys}, listed above) than the uninterrupted run on "
-            f"{a}: a bug, not numeric noise",
+            f"run consumed other samples ({keys}, listed above"
+            f"{': ' + order if order else ''}) than the uninterrupted run on {a}: a bug, not "
+            "numeric noise. Fix: save the data position in global samples (steps x global "
+            "batch), not per process, skip exactly those on any number of ranks, and restore "
+            "the loader's epoch and shuffling generator before iterating",
             DATA_ORDER,
             _data_notes(check, wrong, a, b),
         )

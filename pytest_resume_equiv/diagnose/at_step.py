@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ..rank.layout import (
+    AUTO,
     DEVICE_KINDS,
     RNG,
     WATCH,
+    audit_key,
     generator_site,
     is_audit_key,
     parent_stream,
@@ -148,6 +150,33 @@ def _global_stream(ev: Evidence) -> Optional[Diagnosis]:
                 DEVICE_RNG,
             )
     return None
+
+
+LOSS_KEY = audit_key(AUTO, "loss")
+"""One value per `backward()` of the step (automatic recording): its micro-batches."""
+
+
+def _micro_batches(ev: Evidence) -> Optional[Diagnosis]:
+    """Automatic recording: the optimizer step took another number of micro-batches (one
+    `backward()` each) in the resumed run: the accumulation restarted out of phase."""
+    for rank in ev.differing:
+        base = ev.base[rank][ev.step].get(LOSS_KEY)
+        res = ev.res[rank][ev.step].get(LOSS_KEY)
+        if isinstance(base, list) and isinstance(res, list) and len(base) != len(res):
+            return Diagnosis(
+                f"{ev.where(rank)}: the optimizer step took {_micro(len(res))} (backward "
+                f"calls) in the resumed run and {len(base)} in the uninterrupted run: the "
+                "gradient-accumulation micro-step counter was not restored as saved (restored "
+                "in optimizer steps, or reset), so the resumed run accumulates out of phase. "
+                "Fix: save the micro-step counter, in micro-batches, with the checkpoint and "
+                "restore it (or checkpoint only at an optimizer step and start the count at 0)",
+                GRADIENT_ACCUMULATION,
+            )
+    return None
+
+
+def _micro(n: int) -> str:
+    return f"{n} micro-batch" if n == 1 else f"{n} micro-batches"
 
 
 def _accumulation(ev: Evidence) -> Optional[Diagnosis]:
@@ -370,6 +399,7 @@ def _unaudited(ev: Evidence) -> Diagnosis:
 
 
 STEP_RULES = (
+    _micro_batches,
     _owned_generator,
     _global_stream,
     _accumulation,
@@ -381,8 +411,9 @@ STEP_RULES = (
     _master_weights,
     _optimizer_or_watched,
 )
-"""In the order in which one cause can explain another: a random stream or the learning rate
-changes everything computed after it, so those come before parameters and recorded values."""
+"""In the order in which one cause can explain another: how many micro-batches a step took, a
+random stream or the learning rate changes everything computed after it, so those come before
+parameters and recorded values."""
 
 
 def _computed_differently(ev: Evidence) -> Diagnosis:
@@ -421,7 +452,7 @@ def _computed_differently(ev: Evidence) -> Diagnosis:
     )
 
 
-HELD_RULES = (_accumulation, consumed_data)
+HELD_RULES = (_micro_batches, _accumulation, consumed_data)
 """When the resume point held: only the rules that do not blame an audited object's save or
 restore (the gradient-accumulation state and the data order are not audited objects)."""
 

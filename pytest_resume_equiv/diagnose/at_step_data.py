@@ -1,19 +1,27 @@
 """Causes read from the data a divergent step consumed: which samples (their ids) and what
 they held (their content), against the uninterrupted run's: a prefetched batch lost at the save,
-a skipped batch skipped again, another order or a replayed epoch, unseeded loader workers.
+a skipped batch skipped again, another order or a replayed epoch, unseeded loader workers, a
+resumed run that re-executed the steps before the split.
+
+Without sample ids, the model's inputs by content (`auto:data`) say the same over the global
+batch (every rank's batch of a step together): which step's batch was consumed again or never,
+on any number of ranks. Inputs found nowhere in the uninterrupted run are no order at all: their
+content differs (a random augmentation after the sampler, drawn from another state).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ..compare.accounting import is_identity_key
+from ..compare.accounting import CONTENT_KEY, DataAccount, account, is_identity_key
+from ..compare.step_problems import step_ranges
 from ..rank.layout import (
     is_audit_key,
 )
 from .classes import (
     DATA_ORDER,
     DATALOADER_WORKERS,
+    RE_EXECUTED_STEPS,
     SKIPPED_AGAIN,
     UNAUDITED_INPUT,
 )
@@ -53,6 +61,137 @@ def consumed_data(ev: Evidence) -> Optional[Diagnosis]:
                 "starts (or give the DataLoader a generator of its own, saved and restored)",
                 DATALOADER_WORKERS,
             )
+    if any(CONTENT_KEY in keys for keys in ev.differing.values()):
+        return from_inputs(ev)
+    return None
+
+
+def content_account(ev: Evidence) -> Optional[DataAccount]:
+    """The account of the model's inputs by content, when the trainer recorded no sample ids."""
+    found = account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps)
+    return next((item for item in found if item.key == CONTENT_KEY), None)
+
+
+def from_inputs(ev: Evidence) -> Diagnosis:
+    """The model's inputs (`auto:data`) differ at this step while every audited RNG stream
+    matches: their content (new inputs: randomness the audit does not see transformed them),
+    or their order (a step consumed another step's batch), read over the global batch."""
+    item = content_account(ev)
+    where = f"step {ev.step}"
+    if item is None or item.content_differs or not item.order_words():
+        return Diagnosis(
+            f"{where}: the model's inputs differ ({CONTENT_KEY}: "
+            f"{_new_inputs(item) or 'other inputs than the uninterrupted run'}) while every "
+            "audited RNG stream matches: randomness the audit does not see transformed the "
+            "samples, such as augmentation drawn in DataLoader worker processes (their seeds "
+            "come from a base seed the loader draws when its iterator starts, so an iterator "
+            "started before the RNG was restored re-seeds them) or a random source of its own "
+            "(a generator in the dataset, another library). Fix: restore torch's RNG before the "
+            "DataLoader's iterator is created (or give the DataLoader a generator of its own "
+            "and save and restore its state); save and restore any other random source the "
+            "augmentation draws from",
+            UNAUDITED_INPUT,
+        )
+    words = item.order_words()
+    replay = item.replay_words() if item._replay_is_all() else ""
+    if item.first_different == ev.split + 1 and item.batches[:1] == [(ev.split + 1, ev.split + 2)]:
+        why = (
+            "one batch was lost at the resume: the number of batches skipped after resuming "
+            f"is one too many, or the batch for step {ev.split + 1} was drawn before the "
+            "checkpoint was written (prefetched at the end of the step before) and is not in "
+            "it. Fix: skip exactly the batches consumed, and save a prefetched batch (or its "
+            "indices) with the checkpoint, or fetch each batch at the top of its own step"
+        )
+    elif replay:
+        words = replay
+        why = (
+            "the resumed run started the data over from an earlier place: the loader's "
+            "position (its epoch, its shuffling generator, the batches to skip) was not "
+            "restored. Fix: restore the loader's state before iterating (its epoch, its "
+            "shuffling generator) and skip exactly the batches the saved steps consumed"
+        )
+    else:
+        why = (
+            "the data order was not restored (the number of batches skipped after resuming, "
+            "or the loader's epoch or shuffling generator). Fix: skip exactly the batches the "
+            "saved steps consumed (a counter of batches saved with the checkpoint, not "
+            "recomputed), and restore the loader's epoch and shuffling generator before "
+            "iterating"
+        )
+    return Diagnosis(
+        f"{where}: the model's inputs ({CONTENT_KEY}, by content over every rank's batch) "
+        f"show {words}, while every audited RNG stream matches: {why}",
+        DATA_ORDER,
+    )
+
+
+def _new_inputs(item: Optional[DataAccount]) -> str:
+    if item is None or not item.unknown:
+        return ""
+    n = len(item.unknown)
+    return (
+        f"from step {item.unknown_steps[0]} on, {n} input{'s' if n > 1 else ''} found nowhere "
+        "in the uninterrupted run: their content differs, not their order"
+    )
+
+
+def inputs_note(ev: Evidence, found: Diagnosis) -> str:
+    """For a cause found elsewhere (a random stream not restored): the inputs whose content
+    differs are its effect, not a data-order bug of their own."""
+    if found.bug_class in (DATA_ORDER, UNAUDITED_INPUT, DATALOADER_WORKERS):
+        return ""
+    if not any(CONTENT_KEY in keys for keys in ev.differing.values()):
+        return ""
+    item = content_account(ev)
+    if item is None or not item.content_differs:
+        return ""
+    return (
+        f"the model's inputs ({CONTENT_KEY}) hold content found nowhere in the uninterrupted "
+        f"run from step {item.unknown_steps[0]} on: not another order of the same samples "
+        "but other content, as when random draws transform them after the sampler (an "
+        "augmentation); an effect of the cause above where they draw from it"
+    )
+
+
+def re_executed(ev: Evidence) -> Optional[Diagnosis]:
+    """The resumed run recorded steps past steps= and its data shows why: from its first step
+    it consumed, in order, the batches of the steps before the split, as many as it ran too
+    many. It re-executed those steps (an epoch counter saved as the epoch the checkpoint was
+    made in, so the resume runs that epoch again), not a later stop condition."""
+    steps = ev.cmp.steps
+    # read from the records, whatever the step problems call them (steps past the end, or a
+    # step counter resumed behind)
+    extra = sorted({s for by_step in ev.res.values() for s in by_step if s > steps})
+    if not extra:
+        return None
+    for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps):
+        pairs = item.batches or (list(zip(*item.replayed)) if item.replayed else [])
+        first = dict(pairs).get(ev.split + 1)
+        if first is None or first > ev.split:
+            continue
+        back = ev.split + 1 - first
+        shown = [(s, t) for s, t in pairs if s - t == back]
+        in_order = [(ev.split + 1 + k, first + k) for k in range(len(shown))]
+        if max(extra) != steps + back or shown != in_order:
+            continue
+        what = "inputs by content" if item.key == CONTENT_KEY else f"sample ids ({item.key})"
+        last = shown[-1]
+        start = (
+            "restarted from step 1: its epoch or step counter was not restored, or was saved as "
+            "the epoch the checkpoint was made in"
+            if first == 1
+            else f"restarted at step {first}: the epoch (or step) counter it saved is that of "
+            "the epoch the checkpoint was made in, already done"
+        )
+        return Diagnosis(
+            f"the resumed run re-executed steps {step_ranges(range(first, ev.split + 1))}: its "
+            f"{what} at steps {ev.split + 1}-{last[0]} are those of steps {first}-{last[1]}, in "
+            f"order, and it recorded {len(extra)} steps past steps={steps} (up to {max(extra)}): "
+            f"it ran {back} steps more than the uninterrupted run had left, so it {start}. "
+            "Fix: save the number of the next epoch to run (epoch + 1, or the step count) with "
+            "the checkpoint and resume from it",
+            RE_EXECUTED_STEPS,
+        )
     return None
 
 

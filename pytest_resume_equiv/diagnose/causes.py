@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
-from ..compare.accounting import is_identity_key
+from ..compare.accounting import CONTENT_KEY, ids_of, is_identity_key
 from ..rank.layout import (
     GENERATOR,
     OWNED_BY,
@@ -210,13 +210,24 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
 def _first_batch_differs(s: Subject) -> Optional[bool]:
     """Whether the first resumed step consumed other samples than the uninterrupted run's
     (only then can a batch prefetched before the save have been lost); None when no sample ids
-    were recorded."""
+    were recorded, or when only the inputs' content fingerprints were (`auto:data`) and none
+    of the first batch's is anywhere in the uninterrupted run: content drawn from the very
+    stream that differs (an augmentation) changes every sample, so other samples and the same
+    ones made otherwise cannot be told apart."""
     first = s.ev.split + 1
     ours = s.ev.res.get(s.rank, {}).get(first, {})
     theirs = s.ev.base.get(s.rank, {}).get(first, {})
     keys = [k for k in ours if is_identity_key(k)]
     if not keys:
         return None
+    if keys == [CONTENT_KEY] and ours[CONTENT_KEY] != theirs.get(CONTENT_KEY):
+        seen = {
+            i
+            for values in s.ev.base.get(s.rank, {}).values()
+            for i in ids_of(values.get(CONTENT_KEY)) or []
+        }
+        if not seen & set(ids_of(ours[CONTENT_KEY]) or []):
+            return None
     return any(ours[k] != theirs.get(k) for k in keys)
 
 

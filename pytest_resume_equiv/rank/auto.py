@@ -17,24 +17,29 @@ sample given to the outermost module's forward in training mode (a module with p
 loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
 the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
 sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer and LR
-scheduler built and the outermost trained modules are found here and audited as the watched
-objects are (rank/watch.py), under the names `Found.named` gives.
+(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer, LR
+scheduler and `GradScaler` built and the outermost trained modules are found here and audited
+as the watched objects are (rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fingerprint import Later, deferred, one_transfer
-from .inputs import batch_parts, loss_value, sample_ids, tensors_in
+from .fingerprint import (
+    Fingerprint,
+    Later,
+    content_hash,
+    hash_bytes,
+    local_shard,
+)
 from .wrapping import Wrapper
 
-Write = Callable[[int, Mapping[str, Any], dict[str, Any], bool], None]
-"""Writes one step line: its number, the trainer's values, the automatic values, and whether
-automatic recording wrote it with no `record` call (the rank state's `write_step`)."""
+Emit = Callable[["Step"], None]
+"""Called with each step once it is complete (the rank state writes its line)."""
 
 
 @dataclass
@@ -106,13 +111,13 @@ class StepCounter:
 
 
 class Found:
-    """The objects the process trains with, found as they are used: optimizers (at their
-    first step), LR schedulers (when built), outermost trained modules (at their first
-    forward in training mode). Named by kind and order, the same in every run of the same
+    """The objects the process trains with, found as they are used: optimizers and LR
+    schedulers and GradScalers (when built: a resumed run's snapshot at its first forward
+    sees them), outermost trained modules (at their first forward in training mode). Named by kind and order, the same in every run of the same
     trainer. Held until the run ends: the last step is written when the user's code has
     returned, and its objects are gone by then."""
 
-    KINDS = ("model", "optimizer", "lr_scheduler")
+    KINDS = ("model", "optimizer", "lr_scheduler", "grad_scaler")
 
     def __init__(self) -> None:
         self.objects: dict[str, list[Any]] = {kind: [] for kind in self.KINDS}
@@ -126,7 +131,8 @@ class Found:
         return list(self.objects[kind])
 
     def named(self) -> dict[str, Any]:
-        """`{"model": ..., "optimizer": ..., "optimizer2": ..., "lr_scheduler": ...}`."""
+        """`{"model": ..., "optimizer": ..., "optimizer2": ..., "lr_scheduler": ...,
+        "grad_scaler": ...}`."""
         out: dict[str, Any] = {}
         for kind in self.KINDS:
             for i, obj in enumerate(self.of(kind)):
@@ -138,27 +144,149 @@ def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
 
 
-class AutoRecorder:
-    """The hooks that feed a `StepCounter` and `Found`, and the step lines they make: each
-    complete step is written (`write`), numbered from `first - 1` on, unless the trainer
-    numbers the steps itself (`record`), whose lines then carry the automatic values.
-    Installed by the rank state when automatic recording is on."""
+def _tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """The tensors in a forward's arguments, with where they were (`0`, `x`, `0.ids`)."""
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{path}.{i}" if path else str(i))
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield from _tensors(value[key], f"{path}.{key}" if path else str(key))
 
-    def __init__(self, write: Write, label: Callable[[int], None], offset: int = 0) -> None:
-        self.write = write
-        self.label = label
-        """Told the number of each step as it is taken: the restore and file logs label
-        what follows with it (a save right after `optimizer.step()` is of that step, though
-        its line is written only when the next iteration begins)."""
-        self.offset = offset
-        """Added to the count (a resumed launch's first step is `split + 1`)."""
-        self.explicit = False
-        """The trainer called `record`: it numbers the steps, automatic values go beside."""
-        self.carried: list[Step] = []
-        """Steps taken since the trainer's last `record` (their values go in its next)."""
-        self.loaded: Optional[Callable[[dict[str, int]], None]] = None
-        """Called once with the step counters, before the first optimizer step (a resumed
-        launch: they say which step the load restored)."""
+
+def _fingerprint(tensor: Any) -> Fingerprint:
+    """The content hash of one tensor, left on its device (a `Later`) until the step's line
+    is written: no copy to the host, no sync in the forward."""
+    flat = local_shard(tensor)
+    if flat.device.type in ("cpu", "meta") or flat.numel() == 0:
+        return content_hash(flat)
+    from .fingerprint import _digest
+
+    digest = _digest(flat.reshape(-1).contiguous())
+    return Later(digest.words, lambda words: "d" + digest.finish(words))
+
+
+_MASK64 = (1 << 64) - 1
+SAMPLE_BITS = 52
+"""Bits of a sample's id: exact in any JSON reader (a double holds 53), and far from a
+collision among the samples of a run."""
+
+
+BAND_WORDS = 1 << 22
+"""Elements of each int64 temporary of the device input fingerprint (32 MiB): its peak
+memory, whatever the batch's size."""
+
+
+def _row_digests(tensor: Any) -> Any:
+    """One 64-bit digest per row (dim 0) of `tensor`: a list of ints on CPU, a `Later` on a
+    device (reduced there, integer arithmetic only, no copy of the rows to the host)."""
+    import torch
+
+    local = local_shard(tensor).contiguous()
+    rows = local.shape[0]
+    raw = local.reshape(-1).view(torch.uint8).reshape(rows, -1)
+    if local.device.type == "cpu":
+        data = raw.numpy()
+        return [_hash64(data[i]) for i in range(rows)]
+    return device_row_digests(raw)
+
+
+def device_row_digests(raw: Any) -> Later:
+    """`_row_digests` where the rows live: the bytes of each row (`raw`, uint8, rows x
+    bytes) as int32 words, mixed by position and summed per row, a band of columns at a time
+    so that the int64 temporaries stay under `BAND_WORDS` elements whatever the batch's
+    size (a 1 GiB video batch would otherwise take several GiB more of device memory for
+    its fingerprint). The two sums per row are all that reaches the host, with the rest of
+    the step's line (benchmarks/bench_input_fingerprint.py)."""
+    import torch
+
+    rows, width = raw.shape
+    words_per_row = -(-width // 4)
+    band = max(1, BAND_WORDS // max(rows, 1))
+    first = torch.zeros(rows, dtype=torch.int64, device=raw.device)
+    second = torch.zeros(rows, dtype=torch.int64, device=raw.device)
+    for start in range(0, words_per_row, band):
+        stop = min(start + band, words_per_row)
+        piece = raw[:, 4 * start : min(4 * stop, width)]
+        pad = 4 * (stop - start) - piece.shape[1]
+        piece = torch.nn.functional.pad(piece, (0, pad)) if pad else piece.contiguous()
+        words = piece.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        idx = torch.arange(start, stop, device=raw.device, dtype=torch.int64)
+        mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
+        mixed = mixed ^ (mixed >> 31)
+        first += mixed.sum(dim=1)
+        second += (mixed * ((idx << 1) | 1)).sum(dim=1)
+
+    def finish(found: list[int]) -> list[int]:
+        return [
+            ((found[i] & _MASK64) * 0x9E3779B97F4A7C15 ^ (found[rows + i] & _MASK64)) & _MASK64
+            for i in range(rows)
+        ]
+
+    return Later(torch.cat([first, second]), finish)
+
+
+def _hash64(row: Any) -> int:
+    return int(hash_bytes(row)[:16], 16)
+
+
+def batch_parts(inputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """What a micro-batch's samples are told by: the tensors whose first dimension is the
+    batch's (the first tensor's) by row, every other tensor whole, each named by where it was
+    given, its dtype and the shape of a row."""
+    tensors = [(w, t) for w, t in inputs if t.dim() >= 1 and t.shape[0] > 0]
+    size = tensors[0][1].shape[0] if tensors else None
+    parts = []
+    for where, tensor in inputs:
+        label = f"{where}:{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape[1:])}"
+        if size is not None and tensor.dim() >= 1 and tensor.shape[0] == size:
+            parts.append((f"rows {label}", _row_digests(tensor)))
+        else:
+            parts.append((f"whole {label}", _fingerprint(tensor)))
+    return parts
+
+
+def sample_ids(parts: list[tuple[str, Any]]) -> list[int]:
+    """Each sample's id in a micro-batch (its parts resolved): its rows of every batched
+    tensor and every other tensor whole, hashed together; one id for a batch with no rows."""
+    rows = [(where, found) for where, found in parts if where.startswith("rows ")]
+    whole = "|".join(f"{where}={found}" for where, found in parts if where.startswith("whole "))
+    count = len(rows[0][1]) if rows else 1
+    out = []
+    for i in range(count):
+        text = "|".join(f"{where}={found[i]}" for where, found in rows) + "|" + whole
+        out.append(int(hash_bytes(text.encode())[:16], 16) >> (64 - SAMPLE_BITS))
+    return out
+
+
+def _loss_value(tensor: Any) -> Any:
+    """A backward's tensor as the step keeps it until it is written: detached (a scalar's
+    value as float64 bits on its device, read with the step's other device values)."""
+    torch = sys.modules["torch"]
+    local = local_shard(tensor)
+    if local.numel() == 1 and (local.is_floating_point()):
+        bits = local.reshape(1).to(torch.float64).view(torch.int64)
+        return Later(bits, _float_of_bits)
+    return _fingerprint(local)
+
+
+def _float_of_bits(words: list[int]) -> Any:
+    import struct
+
+    from .encode import encode_float
+
+    return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])
+
+
+class AutoRecorder:
+    """The hooks that feed a `StepCounter` and `Found`, and hand each complete step to
+    `emit`. Installed by the rank state when automatic recording is on."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
         self.counter = StepCounter()
         self.found = Found()
         self.depth = 0
@@ -168,70 +296,36 @@ class AutoRecorder:
         self.scaler_calls = Wrapper()
         self.not_training = Wrapper()
         """Library calls that step an optimizer to build its state, not to train (DCP's
-        `_init_optim_state`, with zero gradients and a zero learning rate, from
-        `get_state_dict` / `set_state_dict` in a process whose optimizer has no state yet:
-        a resumed one). Steps inside them are no steps."""
+        `_init_optim_state`: zero gradients, a zero learning rate, from `get_state_dict` /
+        `set_state_dict` in a process whose optimizer has no state yet, a resumed one).
+        Steps inside them are no steps."""
+        self.first_step_seen: Optional[Callable[[], None]] = None
+        """Called once, before the first optimizer step of the process (a resumed run reads
+        the counters its load restored there)."""
+        self.taken: Optional[Callable[[int], None]] = None
+        """Called with a step's number when its first optimizer step ran (or was skipped):
+        what the process does from here on (a save) comes after that step."""
 
     # -- what the hooks report ------------------------------------------------------------
 
     def step_taken(self, optimizer: Any, ran: bool = True) -> None:
         self.found.add("optimizer", optimizer)
         before = self.counter.pending
-        self._complete(self.counter.stepped(optimizer, ran))
-        taken = self.counter.pending
-        if taken is not before and taken is not None and not self.explicit:
-            self.label(taken.number + self.offset)
+        self._emit(self.counter.stepped(optimizer, ran))
+        pending = self.counter.pending
+        if pending is not None and pending is not before and self.taken is not None:
+            self.taken(pending.number)
 
     def boundary(self) -> None:
-        self._complete(self.counter.boundary())
+        self._emit(self.counter.boundary())
 
-    def _complete(self, step: Optional[Step]) -> None:
-        """A step is complete: its own line, or carried into the trainer's next `record`."""
-        if step is None:
-            return
-        if self.explicit:
-            self.carried.append(step)
-        else:
-            self.write(step.number + self.offset, {}, self.values([step]), True)
+    def flush(self) -> Optional[Step]:
+        """The step taken and not yet written (the run ended, or an explicit record)."""
+        return self.counter.boundary()
 
-    def finish(self) -> None:
-        """The user's code returned: the step taken and not yet written is."""
-        last = self.counter.boundary()
-        if last is not None and not self.explicit:
-            self._complete(last)
-
-    def record_values(self) -> dict[str, Any]:
-        """The trainer's `record`: from now on it numbers the steps; its line holds the
-        automatic values of the steps since its last call and of what the iteration under
-        way has seen so far."""
-        self.explicit = True
-        steps, self.carried = self.carried, []
-        pending = self.counter.boundary()
-        steps += [pending] if pending is not None else []
-        steps.append(self.counter.take_seen())
-        return self.values(steps)
-
-    def values(self, steps: list[Step]) -> dict[str, Any]:
-        """The `auto` section of a step line made of `steps` (several when the trainer's
-        `record` comes less often than its optimizer steps)."""
-        with one_transfer() as batch:  # the losses and inputs left on a device: one copy
-            held = batch.resolve(
-                {
-                    "loss": [_deferred(v) for s in steps for v in s.losses],
-                    "data": [
-                        [(w, _deferred(f)) for w, f in inputs] for s in steps for inputs in s.inputs
-                    ],
-                }
-            )
-        out: dict[str, Any] = {}
-        if held["loss"]:
-            out["loss"] = held["loss"]
-        if held["data"]:
-            out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
-        taken = [s for s in steps if s.optimizers]  # not what a record took before a step
-        if taken and all(s.skipped for s in taken):
-            out["skipped"] = True
-        return out
+    def _emit(self, step: Optional[Step]) -> None:
+        if step is not None:
+            self.emit(step)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -247,9 +341,9 @@ class AutoRecorder:
             self.found.add("optimizer", opt)
             if self.not_training.nested:
                 return
-            if self.loaded is not None:
-                loaded, self.loaded = self.loaded, None
-                loaded(counters(self.found, before_step=True))
+            if self.first_step_seen is not None:
+                first, self.first_step_seen = self.first_step_seen, None
+                first()
 
         def post_step(opt: Any, args: Any, kwargs: Any) -> None:
             if not self.not_training.nested:
@@ -261,12 +355,16 @@ class AutoRecorder:
                 self.boundary()
                 if _has_parameters(module):  # found before the resume point's snapshot
                     self.found.add("model", module)
+            elif self.depth == 1 and torch.is_grad_enabled() and self._optimized(module):
+                # trained in eval mode (left there after a validation pass): its modes are
+                # what the audit must show; its inputs stay out of the data (an evaluation)
+                self.found.add("model", module)
 
         def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
             # the inputs are read here, where the global hook sees keyword arguments too
             self.depth = max(0, self.depth - 1)
             if self.depth == 0 and module.training and _has_parameters(module):
-                given = [*tensors_in(args), *tensors_in(kwargs, "kw")]
+                given = [*_tensors(args), *_tensors(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))
 
@@ -283,7 +381,7 @@ class AutoRecorder:
             self.boundary()
             for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
                 if isinstance(tensor, torch.Tensor):
-                    self.counter.loss(loss_value(tensor))
+                    self.counter.loss(_loss_value(tensor))
 
         # reported once the outermost backward returned (Tensor.backward calls autograd's)
         self.calls.wrap(torch.Tensor, "backward", backward_called)
@@ -303,15 +401,32 @@ class AutoRecorder:
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
 
+    def _optimized(self, module: Any) -> bool:
+        """Whether an optimizer built so far updates `module`'s first parameter (a module
+        found already is not looked up again)."""
+        if any(m is module for m in self.found.of("model")):
+            return False
+        first = next(iter(module.parameters()), None)
+        return first is not None and any(
+            p is first
+            for opt in self.found.of("optimizer")
+            for group in opt.param_groups
+            for p in group["params"]
+        )
+
     def install_dcp_state_dict(self, module: Any) -> None:
         """`torch.distributed.checkpoint.state_dict`, once imported: its optimizer state
         initialisation steps no step (`not_training`)."""
         self.not_training.wrap(module, "_init_optim_state", lambda *args, **kwargs: None)
 
     def _wrap_scaler(self, scaler_class: type) -> None:
-        """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step."""
+        """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step. A
+        scaler is found when built (its dynamic scale is state a checkpoint must carry)."""
         original = scaler_class.step
         counter = self.counter
+        self.calls.wrap(
+            scaler_class, "__init__", lambda obj, *a, **k: self.found.add("grad_scaler", obj)
+        )
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             before = counter.ran
@@ -374,7 +489,3 @@ def _optimizer_step(optimizer: Any) -> Optional[int]:
             except (TypeError, ValueError):
                 return None
     return None
-
-
-def _deferred(value: Any) -> Any:
-    return deferred(value) if isinstance(value, Later) else value

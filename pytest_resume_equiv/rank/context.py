@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .auto import AutoRecorder, counters
+from .auto_lines import AutoLines
 from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
@@ -90,6 +91,10 @@ class LaunchContext:
     crash: Optional[dict[str, Any]] = None
     """interrupt="crash": the point of the save at which every rank is killed
     (`rank/crash.py`)."""
+    picks_checkpoint: bool = False
+    """A resume after a crash (checks/crash.py): the trainer finds its checkpoint itself (any
+    that had completed, or none), so the automatic step numbers go on from the step its load
+    restored (its optimizers' step counters; from 1 when it loaded none), not from `split`."""
     auto: bool = False
     """Automatic recording (rank/auto.py): a step line per optimizer step with no `record`
     call, and the loss, data, optimizers and schedulers beside the explicit values. False:
@@ -219,6 +224,8 @@ class RankState:
         self.crasher: Optional[Crasher] = None
         self.auto: Optional[AutoRecorder] = None
         """Automatic recording, when the launch has it on (installed with the rest)."""
+        self.lines: Optional[AutoLines] = None
+        """What automatic recording sees, as step lines (with `auto`)."""
         self.step_auto: dict[str, Any] = {}
         """The automatic values of the step line being written (the `auto` section)."""
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
@@ -239,7 +246,7 @@ class RankState:
                     for key, value in values.items()
                 }
             )
-        auto = self.auto.record_values() if self.auto is not None else {}
+        auto = self.lines.record_values() if self.lines is not None else {}
         self.write_step(step, encoded, auto)
 
     def write_step(
@@ -274,6 +281,14 @@ class RankState:
     def label(self, step: int) -> None:
         """What the restore and file logs write from now on is of `step` (after it)."""
         self.restores.after_step = self.files.after_step = step
+
+    def _auto_taken(self, number: int) -> None:
+        """The optimizer step of automatic step `number` ran: a save from here on is of that
+        step, and a split's draw trace starts here."""
+        ctx = self.context
+        assert ctx is not None
+        self.label(number)
+        self.point.optimizer_stepped(number, ctx.resuming, ctx.splits)
 
     def watch(self, objects: Mapping[str, Any]) -> None:
         if self.context is not None:
@@ -378,8 +393,8 @@ class RankState:
         state that says training is over) takes its resume point now; then the footer."""
         ctx = self.context
         open_now = self.writer is not None and self.writer.is_open
-        if open_now and self.auto is not None:
-            self.auto.finish()
+        if open_now and self.lines is not None:
+            self.lines.finish()
         if open_now:
             self.write_pending_point()
         if ctx is not None and open_now and ctx.resuming and self.point.armed is not None:
@@ -420,11 +435,16 @@ class RankState:
             self.restores.listeners.append(self.point.on_restore)
         if ctx.auto and "torch" in sys.modules:
             # before the resume point's forward hook: a step written at a forward arms it
-            self.auto = AutoRecorder(self.write_step, self.label, ctx.split if ctx.resuming else 0)
-            if ctx.resuming:  # the counters its load restored say which step it is of
-                self.auto.loaded = lambda found: self.open().loaded(
-                    {"split": ctx.split, "counters": found}
-                )
+            loaded = (
+                (lambda found: self.open().loaded({"split": ctx.split, "counters": found}))
+                if ctx.resuming
+                else None
+            )
+            first = ctx.split if ctx.resuming else None
+            self.lines = AutoLines(
+                self.write_step, self._auto_taken, loaded, first, ctx.picks_checkpoint
+            )
+            self.auto = self.lines.recorder
             self.auto.install()
             state_dict = "torch.distributed.checkpoint.state_dict"
             self.restores.after_import(state_dict, self.auto.install_dcp_state_dict)

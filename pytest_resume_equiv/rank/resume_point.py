@@ -81,6 +81,13 @@ class ResumePoint:
             self.forward_marked = False
             self.window.start()
 
+    def optimizer_stepped(self, step: int, resuming: bool, splits: tuple[int, ...]) -> None:
+        """Automatic recording: the optimizer step that ends `step` ran. Its line is written
+        at the next iteration's first forward, after the next batch was fetched; a split's
+        window opens here, so the draws of that fetch are traced as after `record(split)`."""
+        if not resuming and step in splits and self.armed is None:
+            self.window.start()
+
     def take(self) -> tuple[int, list[dict[str, Any]]]:
         """Disarm: (the split the snapshot is for, the draws traced in its window)."""
         split = self.armed

@@ -21,7 +21,11 @@ def test_minimal_example(pytester):
     result.assert_outcomes(passed=2)
     text = result.stdout.str()
     assert "split 3: equal on all 2 ranks over 3 steps" in text
-    assert "split 3: first divergence at step 4, rank 0, key 'loss': float differs" in text
+    assert "split 3: first divergence at step 4, rank 0, key 'auto:" in text
+    assert "likely cause (never restored): rank 0: the CPU RNG (torch's default" in text
+    # the trainer has no plugin line: all of it was recorded automatically
+    assert "recorded automatically: auto:data, auto:loss, watch:lr_scheduler, watch:model" in text
+    assert "pytest_resume_equiv" not in (EXAMPLES / "minimal" / "train.py").read_text()
 
 
 @pytest.mark.long(80)
@@ -116,7 +120,7 @@ def test_golden_example(pytester, monkeypatch):
     init.stdout.fnmatch_lines(
         [
             "golden trajectory: the uninterrupted run differs from the golden written *",
-            "golden trajectory: first divergence at step 1, rank 0, key 'loss'*",
+            "golden trajectory: first divergence at step 1, rank 0, key 'auto:loss'*",
         ]
     )
     text = init.stdout.str()

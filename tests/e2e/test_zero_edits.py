@@ -46,6 +46,31 @@ def test_data_restarted(resume_equiv):
 
 
 @resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+def test_batch_skipped(resume_equiv):
+    run(resume_equiv, "skip-batch")
+
+
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+def test_batch_repeated(resume_equiv):
+    run(resume_equiv, "repeat-batch")
+
+
+@resume_equivalent(steps=6, split=3, nproc=2, resume_nproc=1, rng_mutation=False, auto=True)
+def test_batch_skipped_on_another_topology(resume_equiv):
+    run(resume_equiv, "skip-batch")
+
+
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+def test_epoch_replayed(resume_equiv):
+    run(resume_equiv, "replay-epoch")
+
+
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+def test_augmented_with_a_stream_not_restored(resume_equiv):
+    run(resume_equiv, command=[*COMMAND, "--augment"])
+
+
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
 def test_checkpoint_of_another_step(resume_equiv):
     run(resume_equiv, "wrong-checkpoint", [*COMMAND[:2], "--save-at=3,5", COMMAND[3]])
 
@@ -65,18 +90,58 @@ def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
     print(text)
     assert "INTERNALERROR" not in text
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 1 and outcomes.get("failed") == 5, outcomes
+    assert outcomes.get("passed") == 1 and outcomes.get("failed") == 10, outcomes
     passed = section_of(text, "test_plain_trainer_resumes")
     assert "split 3: equal on all 2 ranks over 3 steps" in passed
     assert "teeth check passed" in passed or "changed the recorded values" in passed
     automatic = "auto:data, auto:loss, watch:lr_scheduler, watch:model, watch:optimizer"
     assert f"recorded automatically: {automatic}" in text
     expected = {
-        "test_forgotten_optimizer_state": "likely cause (optimizer never restored)",
-        "test_forgotten_scheduler": "likely cause (scheduler never restored)",
-        "test_data_restarted": "consumed at steps 4-6 the samples of steps 1-3, in order",
-        "test_checkpoint_of_another_step": "the checkpoint loaded is of step 5, not step 3",
-        "test_auto_off_sees_nothing": "never recorded",
+        "test_forgotten_optimizer_state": ["likely cause (optimizer never restored)"],
+        "test_forgotten_scheduler": ["likely cause (scheduler never restored)"],
+        # data-order bugs, named from the inputs' content alone (no sample ids recorded)
+        "test_data_restarted": [
+            "consumed at steps 4-6 the samples of steps 1-3, in order",
+            "likely cause (data order)",
+            "started the data over from an earlier place",
+        ],
+        "test_batch_skipped": [
+            "the batch of step 4 was never consumed: step 4 consumed the batch of step 5, and "
+            "each later step the batch of the step after its own",
+            "likely cause (data order)",
+            "one batch was lost at the resume",
+        ],
+        "test_batch_repeated": [
+            "step 4 consumed the batch of step 3 again, and each later step the batch of the "
+            "step before its own",
+            "likely cause (data order)",
+        ],
+        # over the global batch, resumed on 1 rank of a run on 2: the same words by content
+        "test_batch_skipped_on_another_topology": [
+            "the batch of step 4 was never consumed",
+            "likely cause (data order)",
+        ],
+        "test_epoch_replayed": [
+            "recorded steps 7-9, past steps=6",
+            "likely cause (re-executed steps): the resumed run re-executed steps 1-3",
+        ],
+        # the augmentation's stream is the cause; the inputs' new content is its effect
+        "test_augmented_with_a_stream_not_restored": [
+            "likely cause (",
+            "Python's random module",
+            "found nowhere in the uninterrupted run: their content differs",
+        ],
+        "test_checkpoint_of_another_step": ["the checkpoint loaded is of step 5, not step 3"],
+        "test_auto_off_sees_nothing": ["never recorded"],
     }
-    for name, phrase in expected.items():
-        assert phrase in section_of(text, name), f"{name}: no {phrase!r}"
+    for name, phrases in expected.items():
+        section = section_of(text, name)
+        for phrase in phrases:
+            assert phrase in section, f"{name}: no {phrase!r}"
+        # a cause is named only from evidence that separates it: never the fallback that
+        # says the resume was exact while the inputs differ, never samples lost for new content
+        assert "computed differently after an exact resume" not in section, name
+        causes = [line for line in section.splitlines() if "likely cause (" in line]
+        assert all(line.count("Fix:") == 1 for line in causes), (name, causes)
+    augmented = section_of(text, "test_augmented_with_a_stream_not_restored")
+    assert "never seen" not in augmented and "seen twice" not in augmented

@@ -1,5 +1,6 @@
 """Exactly-once data accounting over the global batch, on hand-made signatures."""
 
+import pytest
 from test_compare import sig
 
 from pytest_resume_equiv.compare.accounting import account
@@ -58,3 +59,72 @@ def test_an_epoch_replayed_is_named_from_the_watched_loader_epoch():
 def test_no_ids_no_account():
     base = {0: sig(0, "uninterrupted", [(s, {"loss": 1.0}) for s in range(1, 4)], 1)}
     assert account(base, base, 1, 3) == []
+
+
+# The model's inputs by content (auto:data): no sample ids recorded by the trainer
+
+
+def inputs(step):
+    """The global batch of a step: 4 inputs, each an id made of its content."""
+    return [1000 * step + k for k in range(4)]
+
+
+def by_content(phase, world, steps, batch):
+    """Each rank's share of the global batch, recorded as automatic recording does."""
+    return {
+        rank: sig(rank, phase, [(s, {"auto:data": batch(s)[rank::world]}) for s in steps], world)
+        for rank in range(world)
+    }
+
+
+BASE = by_content("uninterrupted", 2, range(1, 7), inputs)
+
+
+@pytest.mark.parametrize("world", [2, 1], ids=["same-topology", "one-rank"])
+def test_a_batch_skipped_at_the_resume_is_named_by_its_step(world):
+    """Over the global batch, every rank's together: the same words on 1 rank as on 2."""
+    (item,) = account(
+        BASE, by_content("resumed", world, range(4, 7), lambda s: inputs(s + 1)), 3, 6
+    )
+    assert item.unconsumed == [4] and item.batches == [(4, 5), (5, 6)]
+    assert item.order_words() == (
+        "the batch of step 4 was never consumed: step 4 consumed the batch of step 5, and each "
+        "later step the batch of the step after its own"
+    )
+    # step 6 consumed data past the uninterrupted run's: seen once, not twice
+    assert item.repeated == [] and item.unknown_steps == [6] and not item.content_differs
+    assert "seen twice" not in item.text() and "past its data" in item.text()
+
+
+def test_a_batch_consumed_again_is_named_by_its_step():
+    (item,) = account(BASE, by_content("resumed", 2, range(4, 7), lambda s: inputs(s - 1)), 3, 6)
+    assert item.order_words() == (
+        "step 4 consumed the batch of step 3 again, and each later step the batch of the step "
+        "before its own (the batch of step 6 was never consumed)"
+    )
+
+
+def test_one_batch_repeated_mid_run():
+    res = by_content("resumed", 2, range(4, 7), lambda s: inputs(4) if s == 5 else inputs(s))
+    (item,) = account(BASE, res, 3, 6)
+    assert item.order_words() == (
+        "step 5 consumed the batch of step 4 again (the batch of step 5 was never consumed)"
+    )
+
+
+def test_inputs_found_nowhere_are_other_content_not_samples_lost_or_repeated():
+    """A random augmentation after the sampler, drawn from another state: every input is new.
+    That is no order: no sample was never seen or seen twice."""
+    res = by_content("resumed", 2, range(4, 7), lambda s: [i + 7 for i in inputs(s)])
+    (item,) = account(BASE, res, 3, 6)
+    assert item.content_differs and item.order_words() == ""
+    text = item.text()
+    assert "steps 4-6 consumed 12 inputs found nowhere in the uninterrupted run" in text
+    assert "their content differs" in text
+    assert "never seen" not in text and "seen twice" not in text
+
+
+def test_a_restart_keeps_its_replay_words():
+    res = by_content("resumed", 2, range(4, 7), lambda s: inputs(s - 3))
+    (item,) = account(BASE, res, 3, 6)
+    assert "the resumed run consumed at steps 4-6 the samples of steps 1-3, in order" in item.text()

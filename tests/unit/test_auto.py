@@ -5,11 +5,12 @@ several optimizers in one iteration, a step a GradScaler skipped, micro-batches,
 launch's numbering, explicit `record` calls beside the automatic values, and `auto=False`.
 """
 
+import os
+
 import torch
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank.auto import StepCounter
-from pytest_resume_equiv.rank.inputs import batch_parts, sample_ids
+from pytest_resume_equiv.rank.auto import StepCounter, batch_parts, sample_ids
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.layout import signature_path
 from pytest_resume_equiv.signature import read_signature
@@ -162,6 +163,19 @@ def test_a_step_the_grad_scaler_skipped_is_recorded_as_skipped(in_rank):
     assert [sig.counters[s]["optimizer"] for s, _ in sig.steps] == [1, 1, 2, 3]
 
 
+def test_a_grad_scaler_is_audited_with_no_watch(in_rank):
+    """Its dynamic scale is state a checkpoint must carry: found when built, audited at every
+    step (a scale that was not restored differs there)."""
+
+    def train():
+        _train(3, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1))
+
+    sig = _run(in_rank, train)
+    assert "grad_scaler" in sig.found
+    states = [v["watch:grad_scaler.state"] for _, v in sig.steps]
+    assert len(set(map(str, states))) == 3  # the scale doubled after every clean step
+
+
 def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank):
     def resume():
         torch.manual_seed(0)
@@ -252,6 +266,41 @@ def test_dcp_building_optimizer_state_is_no_step(in_rank):
     sig = _run(in_rank, resume, phase="resumed", split=3)
     assert [s for s, _ in sig.steps] == [4, 5]
     assert sig.loaded == {"split": 3, "counters": {"optimizer": 3}}
+
+
+def _resume_from(step):
+    """A resumed trainer whose load restored an optimizer of `step` (none: loaded nothing)."""
+
+    def resume():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        if step:
+            state = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(4, 4)}
+            state["exp_avg_sq"] = torch.zeros(4, 4)
+            opt.state[model.body.weight] = state
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+
+    return resume
+
+
+def test_a_resume_after_a_crash_numbers_from_the_step_its_load_restored(in_rank):
+    """After a crash the trainer finds its checkpoint itself: the steps go on from the one it
+    loaded (an older checkpoint than the split), or from 1 when it found none."""
+    older = _run(in_rank, _resume_from(2), phase="resumed", split=4, picks_checkpoint=True)
+    assert [s for s, _ in older.steps] == [3, 4]
+    assert older.loaded == {"split": 4, "counters": {"optimizer": 2}}
+    fresh = _run(
+        in_rank,
+        _resume_from(0),
+        phase="resumed",
+        split=4,
+        picks_checkpoint=True,
+        run_dir=older.path + ".fresh",
+    )
+    assert [s for s, _ in fresh.steps] == [1, 2]
 
 
 def test_explicit_records_number_the_steps_and_keep_the_automatic_values(in_rank):
@@ -381,3 +430,47 @@ def test_a_record_holds_what_was_seen_since_the_last_one_without_a_torch_optimiz
     sig = _run(in_rank, train)
     assert [len(v["auto:data"]) for _, v in sig.steps] == [2, 2, 2]
     assert [len(v["auto:loss"]) for _, v in sig.steps] == [1, 1, 1]
+
+
+def test_after_the_splits_optimizer_step_draws_are_traced_and_saves_labelled(in_rank):
+    """The step's line is written at the next iteration's first forward, after the next batch
+    was fetched: what comes between the split's optimizer step and that forward (the fetch's
+    draws, the save) belongs after the split's step, as after an explicit record(split)."""
+    checkpoint = []
+
+    def train():
+        checkpoint.append(os.path.join(current().context.run_dir, "step_3.pt"))
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 5):
+            x = torch.randn(2, 4)  # the batch fetched: a draw
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 3:
+                torch.save(model.state_dict(), checkpoint[0])
+
+    sig = _run(in_rank, train, split=3)
+    point = sig.resume_point(3)
+    assert [d["op"] for d in point["draws"]] == ["randn"]  # step 4's batch, before its forward
+    saves = [e for e in sig.files if e["path"] == os.path.realpath(checkpoint[0])]
+    assert saves and {e["after_step"] for e in saves} == {3}
+
+
+def test_a_model_trained_in_eval_mode_is_found_with_its_modes(in_rank):
+    """Left in eval mode after a validation pass and trained so: still the model (the
+    optimizer updates it), audited with its modes; its inputs stay out of the data."""
+
+    def train():
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.eval()
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, train)
+    values = sig.by_step()[1]
+    assert "model" in sig.found and values["watch:model.modes"] == ["<root>", "body", "head"]
+    assert "auto:data" not in values

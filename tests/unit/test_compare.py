@@ -237,3 +237,51 @@ def test_sample_identities_come_first_in_the_first_divergence():
     res = run("resumed", range(4, 7), values=lambda s, r: {"a_loss": 2.0, "sample_ids": [s + 9]})
     div = compare_runs(base, res, 3, 6).divergence
     assert (div.key, div.rank) == ("sample_ids", 0)
+
+
+def auto_run(phase, steps, loaded=None):
+    """A run recorded automatically: no value of the trainer's, and a resumed launch's
+    `loaded` line (rank/auto.py numbers its first step split + 1 whatever the trainer's own
+    step counter says)."""
+    values = {"auto:loss": [0.5], "auto:data": [11, 12]}
+    return {
+        0: Signature(
+            f"{phase}/rank-0.jsonl",
+            {"rank": 0, "world_size": 1, "phase": phase},
+            [(s, dict(values)) for s in steps],
+            complete=True,
+            loaded=loaded,
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    "resumed_steps, words",
+    [
+        (
+            range(4, 8),
+            "took 4 optimizer steps after the split where the uninterrupted run took 3 (it "
+            "recorded step 7, past steps=6): its step counter resumed at 2, not 3, so it "
+            "re-executed step 3, the step the checkpoint was saved after: the global step "
+            "counter was saved or restored off by one",
+        ),
+        (
+            range(4, 10),
+            "its step counter resumed at 0, not 3, so it re-executed steps 1-3, which the "
+            "checkpoint saved at step 3 had already done; the resume restarted from step 1",
+        ),
+    ],
+)
+def test_extra_automatic_steps_are_a_step_counter_restored_behind(resumed_steps, words):
+    """Automatic numbering cannot show a re-executed step as a repeated number: the trainer
+    whose counter resumed k behind stops k optimizer steps late, and that is what it says."""
+    loaded = {"split": 3, "counters": {"optimizer": 3}}
+    cmp = compare_runs(
+        auto_run("uninterrupted", range(1, 7)), auto_run("resumed", resumed_steps, loaded), 3, 6
+    )
+    assert [p.kind for p in cmp.problems] == ["re-executed"]
+    assert words in cmp.problems[0].message
+    explicit = compare_runs(
+        run("uninterrupted", range(1, 7), 1), run("resumed", resumed_steps, 1), 3, 6
+    )
+    assert [p.kind for p in explicit.problems] == ["extra"]  # numbered by record(): as it was

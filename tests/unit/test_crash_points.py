@@ -1,6 +1,7 @@
 """interrupt="crash" without torchrun: where the points are, what each outcome of the resumed
 run is judged, the marker's keywords, the table's JSON, and the rank's side of the kill."""
 
+import dataclasses
 import json
 import threading
 
@@ -181,6 +182,29 @@ def test_a_resume_from_a_mixed_checkpoint_is_caught_at_the_resume_point(tmp_path
     assert row.status == "failed"
     assert row.why.startswith("resumed from a torn or mixed checkpoint of step 2: the state")
     assert "watch:model.params" in row.why
+
+
+def test_a_mixed_checkpoint_is_judged_beside_the_step_counters_it_loaded(tmp_path):
+    """Recorded automatically, a resumed run logs the step counters its load restored: a
+    finding about them is not the resume point's (it crashed the judge, reading one as the
+    other). No snapshot at the resume point here: where the gate held, the state it judged
+    equal wins over the counters (compare/loaded_step.py)."""
+    reference = {
+        0: dataclasses.replace(REFERENCE[0], counters={2: {"optimizer": 2}, 4: {"optimizer": 4}})
+    }
+    run = run_of("resumed", range(5, 7))
+    run[0].loaded = {"split": 4, "counters": {"optimizer": 2}}
+    row = judge_after_crash(
+        Row("first", "rank 0: after torch.save(x)", status="pending"),
+        launch(tmp_path),
+        reference,
+        run,
+        [2, 4],
+        COMPARATOR,
+        "pass",
+    )
+    assert row.status == "failed", row.why
+    assert row.why.startswith("resumed from step 4, then diverged"), row.why
 
 
 def test_a_resume_earlier_than_the_completed_checkpoint_lost_it(tmp_path):

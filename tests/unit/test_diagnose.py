@@ -714,3 +714,130 @@ def test_a_replayed_epoch_is_blamed_on_a_generator_only_when_it_shuffles(op):
     else:
         assert d.bug_class == "never restored" and "shuffles the data" not in d.cause
     assert d.cause.count("Fix:") == 1
+
+
+@pytest.mark.parametrize("with_points", [True, False])
+def test_an_optimizer_step_of_fewer_micro_batches_is_the_accumulation_counter(with_points):
+    """Recorded automatically (a value per backward()): the resumed run's step 4 took one
+    micro-batch where the uninterrupted run's took two, and every stream and watched object
+    matched at the resume point: the micro-step counter was restored out of phase."""
+
+    def values(losses):
+        return lambda s: {"auto:loss": losses(s), "auto:data": [s * 10 + i for i in range(4)]}
+
+    base_values = values(lambda s: [s / 2, s / 3])
+    res_values = values(lambda s: [s / 2] if s == 4 else [s / 5, s / 7])
+    if with_points:
+        d = diagnosis(point(), point(), [LOAD], base_values, res_values)
+    else:
+        d = without_points(base_values, res_values)
+    assert d.bug_class == "gradient accumulation"
+    assert "took 1 micro-batch (backward calls) in the resumed run and 2" in d.cause
+    assert "gradient-accumulation micro-step counter" in d.cause
+
+
+@pytest.mark.parametrize("first_batch, prefetch_first", [(999, False), (50, True)])
+def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewhere(
+    first_batch, prefetch_first
+):
+    """Recorded automatically, the samples are told by their content: a first batch found
+    nowhere in the uninterrupted run may be the same samples augmented from the advanced
+    stream, so the prefetch is no more than a last guess; the content of the uninterrupted
+    run's step 5 at step 4 is other samples."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+
+    def base_values(s):
+        return {"loss": s / 2, "rng:cpu": f"c{s}", "auto:data": [s * 10]}
+
+    def res_values(s):
+        data = [first_batch] if s == 4 else [s * 10 + 1]
+        return {"loss": s / 3, "rng:cpu": f"x{s}", "auto:data": data}
+
+    res = point(rng={"cpu": "x"}, restores=2, draws=[("randn", "rng:cpu", "train.py:33", 2)])
+    d = diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
+    assert d.bug_class == "restored then advanced"
+    fix = d.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("if that code fetches the first batch") is prefetch_first
+    assert "prefetched" in fix  # a last guess at least
+
+
+# The model's inputs by content (auto:data), with no sample ids recorded (issue 31)
+
+
+def inputs(step):
+    return [1000 * step + k for k in range(4)]
+
+
+def auto_runs(res_inputs, res_steps=range(4, 7), res_rng=None, res_point=None):
+    """An exact resume point (the gate held), the resumed run given `res_inputs(step)`."""
+
+    def values(batch, rng):
+        return lambda s: {"auto:loss": [s / 2], "auto:data": batch(s), "rng:cpu": rng(s)}
+
+    base = {
+        0: run("uninterrupted", range(1, 7), values(inputs, lambda s: f"c{s}"), points=[point()])
+    }
+    res = {
+        0: run(
+            "resumed",
+            res_steps,
+            values(res_inputs, res_rng or (lambda s: f"c{s}")),
+            points=[res_point or point(restores=1)],
+            restores=[LOAD],
+        )
+    }
+    return base, res
+
+
+def test_inputs_that_differ_at_the_first_step_are_never_computed_differently():
+    """The gate-held rule: every audited value matched at the resume point, but the first
+    resumed step was given other inputs. The inputs differ: a data-order cause from them."""
+    base, res = auto_runs(lambda s: inputs(s - 1))
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order", d.cause
+    assert "step 4 consumed the batch of step 3 again" in d.cause and d.cause.count("Fix:") == 1
+
+
+def test_a_batch_lost_at_the_resume_is_named_from_the_inputs():
+    base, res = auto_runs(lambda s: inputs(s + 1))
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order"
+    assert "the batch of step 4 was never consumed" in d.cause
+    assert "one batch was lost at the resume" in d.cause
+
+
+def test_new_inputs_with_every_stream_exact_name_the_unaudited_randomness_not_the_order():
+    """Inputs found nowhere in the uninterrupted run, every audited stream matching: not a
+    data-order bug; randomness the audit does not see (workers' seeds, a source of its own)."""
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)])
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "unaudited input", d.cause
+    assert "DataLoader worker processes" in d.cause and d.cause.count("Fix:") == 1
+    for wrong in ("never seen", "seen twice", "never consumed", "data order was not restored"):
+        assert wrong not in d.cause
+
+
+def test_new_inputs_from_a_stream_not_restored_blame_the_stream_and_note_the_effect():
+    base, res = auto_runs(
+        lambda s: [i + 7 for i in inputs(s)],
+        res_rng=lambda s: f"x{s}",
+        res_point=point(rng={"cpu": "x"}, restores=1),
+    )
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "never restored", d.cause
+    assert any("found nowhere in the uninterrupted run from step 4 on" in n for n in d.notes)
+
+
+def test_a_resume_that_re_executes_the_epoch_it_was_saved_in_is_named():
+    """The resumed run ran 6 steps, not 3: numbered 4-9, its inputs those of steps 1-6."""
+    base, res = auto_runs(lambda s: inputs(s - 3), res_steps=range(4, 10))
+    cmp = compare_runs(base, res, SPLIT, 6)
+    assert cmp.divergence is None and cmp.problems
+    d = diagnose(cmp, base, res)
+    assert d.bug_class == "re-executed steps"
+    assert "re-executed steps 1-3" in d.cause and d.cause.count("Fix:") == 1
+
+
+def test_steps_past_the_end_without_a_replay_in_the_data_get_no_cause():
+    base, res = auto_runs(inputs, res_steps=range(4, 10))
+    assert diagnose(compare_runs(base, res, SPLIT, 6), base, res) is None
