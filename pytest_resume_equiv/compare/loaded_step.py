@@ -110,7 +110,7 @@ def loaded_step(
     written = _written(reference if writer is None else writer)
     result = LoadedStep(split)
     for rank, sig in sorted(run.items()):
-        counters = (sig.loaded or {}).get("counters") or {}
+        counters = _telling((sig.loaded or {}).get("counters") or {}, reference.get(rank))
         counted = _counted_step(counters, reference.get(rank), split)
         shift = _label_shift(sig, split, written)
         read = {
@@ -127,6 +127,15 @@ def loaded_step(
         if read:
             result.files[str(rank)] = read
     return result if result.failed else None
+
+
+def _telling(loaded: dict[str, int], base: Optional[Signature]) -> dict[str, int]:
+    """The counters that tell steps apart: those the uninterrupted run's steps changed (plain
+    SGD keeps no step, read as 0 after every step)."""
+    if base is None:
+        return {}
+    after = list(base.counters.values())
+    return {k: v for k, v in loaded.items() if len({str(c.get(k)) for c in after}) > 1}
 
 
 def _counted_step(loaded: dict[str, int], base: Optional[Signature], split: int) -> Optional[int]:

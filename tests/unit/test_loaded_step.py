@@ -102,3 +102,13 @@ def test_a_removal_dates_nothing():
     removed = writer(SAVES)
     removed[0].files.append({"op": "shutil.rmtree", "path": f"{CKPT}/step_3", "after_step": 6})
     assert loaded_step(removed, resumed([SAVES[3]]), 3) is None
+
+
+def test_a_counter_that_never_moves_says_nothing():
+    """Plain SGD keeps no step state: its counter reads 0 after every step, which is the
+    split's as much as any other's."""
+    still = writer(SAVES)
+    still[0].counters = {s: {"optimizer": 0} for s in range(1, 7)}
+    found = loaded_step(still, resumed([SAVES[5]], {"optimizer": 0}), 3)
+    assert found is not None and found.counters == {}
+    assert "the checkpoint loaded is of step 5, not step 3" in found.lines("split 3")[0]
