@@ -185,3 +185,17 @@ def test_a_key_the_few_runs_saw_equal_may_still_drift_at_rounding_level(tmp_path
     assert Measured(judge.rules, noise).compare(base, close, SPLIT).equal
     assert not Measured(judge.rules, noise).compare(base, far, SPLIT).equal
     assert not Measured(judge.rules, NoiseFacts("uninterrupted")).compare(base, close, SPLIT).equal
+
+
+def test_a_gate_that_failed_on_the_first_steps_inputs_alone_says_the_data_moved():
+    """Every restored state matched; only the first resumed step's inputs (auto:data) differ:
+    no load restored something other than what was saved, the data was not put back."""
+    from pytest_resume_equiv.compare.gate import GateFacts
+
+    data = GateFacts("failed", differing={"0": ["auto:data"], "1": ["auto:data"]}, at="train.py:9")
+    (line,) = data.lines("split 3")
+    assert "every restored state equals the uninterrupted run's, but the first resumed step" in line
+    assert "consumed other data: rank 0: auto:data; rank 1: auto:data" in line
+    assert "A load is a copy" not in line
+    state = GateFacts("failed", differing={"0": ["rng:cpu", "auto:data"]}, at="train.py:9")
+    assert "A load is a copy" in state.lines("split 3")[0]
