@@ -1,5 +1,6 @@
 """Resume tests for a hand-written accelerate loop: `save_state` at the split, `load_state`
-and `skip_first_batches` to resume (mid-epoch, in the second epoch)."""
+and `skip_first_batches` to resume (mid-epoch, in the second epoch). The loop has no plugin
+line; the last test shows what watching the `Accelerator` adds (`--watch-accelerator`)."""
 
 import importlib.util
 from pathlib import Path
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.skipif(
 TRAIN = str(Path(__file__).with_name("train.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-at={splits}", "--output-dir={run_dir}"]
 # 4 steps per epoch: step 5 is the first step of the second epoch
-MARKER = resume_equivalent(steps=7, split=5, nproc=2)
+# accelerate runs on CPU when its own variable says so (as `accelerate launch --cpu` sets it)
+CPU = {"ACCELERATE_USE_CPU": "true"}
+MARKER = resume_equivalent(steps=7, split=5, nproc=2, env=CPU, auto=True)
 
 
 @MARKER
@@ -43,3 +46,15 @@ def test_forgotten_skip_first_batches_is_caught(resume_equiv):
     print(report)
     assert "first divergence at step 6" in report
     assert "likely cause (data order)" in report
+
+
+@resume_equivalent(steps=7, split=5, nproc=2, env=CPU, rng_mutation=False, auto=True)
+def test_watched_accelerator_resumes_exactly(resume_equiv):
+    """An explicit call: `req.watch(accelerator=...)` audits what `save_state` saves beyond
+    the model, optimizer and scheduler found by themselves (the prepared loader's position
+    and sampler), and the loop records its sample ids."""
+    resume_equiv.run(
+        [*COMMAND, "--watch-accelerator"],
+        checkpoint="{run_dir}/step_{split}",
+        resume_args=["--resume-from={checkpoint}"],
+    )

@@ -11,6 +11,14 @@ The data: 32 samples, 4 per process and step on 2 processes, so an epoch is 4 st
 scheduler, every process's RNG and the sampler; `load_state` restores them and
 `skip_first_batches` skips what the epoch already trained on. `--bug=no-skip` forgets the
 skip, the classic accelerate resume bug: the resumed epoch starts over.
+
+Nothing here knows about the plugin: under a resume test every rank records each optimizer
+step by itself (the loss of each `accelerator.backward`, the batches by content, the model,
+optimizer and scheduler, every random stream). On CPU, accelerate is told so by its own
+variable (ACCELERATE_USE_CPU=true, the test's env=). `--watch-accelerator` hands the
+`Accelerator` to `req.watch`: what `save_state` saves beyond them (objects registered for
+checkpointing, the prepared data loaders' position and sampler) is audited too, and each
+step's sample ids are recorded (docs/guides/accelerate.md).
 """
 
 from __future__ import annotations
@@ -24,8 +32,6 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import pytest_resume_equiv as req
-
 SAMPLES, BATCH = 32, 4
 
 
@@ -36,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--bug", choices=("none", "no-skip"), default="none")
+    parser.add_argument("--watch-accelerator", action="store_true", help="record more")
     return parser.parse_args()
 
 
@@ -48,18 +55,17 @@ def make_data() -> TensorDataset:
 def main() -> None:
     args = parse_args()
     save_at = {int(s) for s in args.save_at.split(",") if s}
-    ctx = req.context()
-    accelerator = Accelerator(
-        cpu=ctx is None or ctx.device_kind == "cpu",
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     set_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
     loader = DataLoader(make_data(), batch_size=BATCH, shuffle=True)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    req.watch(accelerator=accelerator)  # the model, optimizer and scheduler save_state saves
+    if args.watch_accelerator:
+        import pytest_resume_equiv as req  # every call is a no-op outside a test run
+
+        req.watch(accelerator=accelerator)  # everything save_state saves
 
     step, first_epoch, skip, restored_rng = 0, 0, 0, None
     if args.resume_from:
@@ -87,8 +93,8 @@ def main() -> None:
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            # every process's own sample ids: the data order is checked on every rank
-            req.record(step, loss=loss.item(), lr=scheduler.get_last_lr()[0], sample_ids=ids)
+            if args.watch_accelerator:  # every process's own sample ids, by dataset index
+                req.record(step, sample_ids=ids)
             if step in save_at:
                 accelerator.save_state(os.path.join(args.output_dir, f"step_{step}"))
             if step == args.max_steps:

@@ -9,6 +9,13 @@ weights; the sampler's epoch is saved beside it, because the loader's state does
     torchrun --nproc-per-node=1 train_stateful.py --max-steps=7 --output-dir=out2 \
         --resume-from=out/checkpoints/step_6
 
+Nothing here knows about the plugin unless `--watch-loader` asks: under a resume test every
+rank records each optimizer step by itself (the loss, the batches by content, the model and
+the optimizer, every random stream). What it cannot see is the loader's own state: with
+`--watch-loader` the trainer hands the loader to `req.watch` (its position, its sampler's
+epoch, its workers) and records each batch's dataset indices, so a report can say which
+sample and which epoch (docs/guides/recording-more.md).
+
 `--bug=epoch-not-restored` loads the loader's state but not the epoch: the sampler shuffles
 epoch 1's remaining batches with epoch 0's permutation (a classic of mid-epoch resumes).
 """
@@ -22,8 +29,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
-
-import pytest_resume_equiv as req
 
 SAMPLES, BATCH = 8, 2
 
@@ -48,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--bug", choices=("none", "epoch-not-restored"), default="none")
+    parser.add_argument(
+        "--watch-loader", action="store_true", help="record more: the loader and sample ids"
+    )
     return parser.parse_args()
 
 
@@ -62,7 +70,10 @@ def main() -> None:
     loader = StatefulDataLoader(Samples(), batch_size=BATCH, sampler=sampler, num_workers=2)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    req.watch(model=model, optimizer=optimizer, loader=loader)
+    if args.watch_loader:
+        import pytest_resume_equiv as req  # every call is a no-op outside a test run
+
+        req.watch(loader=loader)  # the loader's state: no optimizer holds it
 
     step, epoch, rng = 1, 0, None
     if args.resume_from:
@@ -86,7 +97,8 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            req.record(step, loss=loss.item(), sample_ids=batch["ids"])
+            if args.watch_loader:
+                req.record(step, sample_ids=batch["ids"])  # dataset indices, beside the rest
 
             if step in save_at:
                 ckpt = os.path.join(args.output_dir, "checkpoints", f"step_{step}")

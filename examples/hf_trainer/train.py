@@ -5,7 +5,11 @@ then resume:  torchrun --nproc-per-node=2 train.py --max-steps=6 --save-steps=3 
                   --output-dir=out2 --resume-from=out/checkpoint-3
 
 The Trainer saves and restores everything itself (weights, optimizer, scheduler, every
-rank's RNG, and the position in the data); `ResumeEquivCallback` records each step.
+rank's RNG, and the position in the data). Nothing here knows about the plugin: under a
+resume test every rank records each optimizer step by itself (the loss of each backward, the
+batches by content, the model, optimizer and scheduler, every random stream). `--callback`
+adds `ResumeEquivCallback`, which records what the Trainer logs as well (its loss, learning
+rate and grad norm) and watches objects no optimizer holds (docs/guides/hf-trainer.md).
 `--bug=ignore-data-skip` sets `ignore_data_skip=True`: the resumed run starts its epoch's
 data over instead of skipping the batches it already trained on.
 """
@@ -17,9 +21,6 @@ import argparse
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
-
-import pytest_resume_equiv as req
-from pytest_resume_equiv.integrations.hf import ResumeEquivCallback
 
 
 class TinyRegressor(nn.Module):
@@ -47,9 +48,10 @@ def main() -> None:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--bug", choices=("none", "ignore-data-skip"), default="none")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--callback", action="store_true", help="record the logged values too")
     args = parser.parse_args()
 
-    ctx = req.context()  # None when run by hand: then plain CPU + gloo
     torch.manual_seed(0)
     training_args = TrainingArguments(
         output_dir=args.output_dir,
@@ -63,17 +65,22 @@ def main() -> None:
         logging_steps=1,
         report_to="none",
         disable_tqdm=True,
-        use_cpu=ctx is None or ctx.device_kind == "cpu",
-        ddp_backend="gloo" if ctx is None else ctx.backend,
+        use_cpu=args.device == "cpu",
+        ddp_backend="gloo" if args.device == "cpu" else "nccl",
         dataloader_num_workers=0,
         seed=0,
         ignore_data_skip=args.bug == "ignore-data-skip",
     )
+    callbacks = []
+    if args.callback:
+        from pytest_resume_equiv.integrations.hf import ResumeEquivCallback
+
+        callbacks.append(ResumeEquivCallback())
     trainer = Trainer(
         model=TinyRegressor(),
         args=training_args,
         train_dataset=make_dataset(),
-        callbacks=[ResumeEquivCallback()],
+        callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=args.resume_from)
 

@@ -10,6 +10,11 @@ an exact mid-epoch resume needs are the trainer's job, and this one does both:
   its batches over (Lightning warns, then trains on them again);
 - every rank's RNG (here: dropout) must go into the checkpoint, and only rank 0 writes
   it: `on_save_checkpoint` gathers each rank's state, `on_load_checkpoint` takes its own.
+Nothing here knows about the plugin: under a resume test every rank records each optimizer
+step by itself (the loss of each backward, the batches by content, the module, optimizer and
+scheduler, every random stream). `--callback` adds `ResumeEquivCallback`, which records the
+loss `training_step` returned, the learning rate and the grad norm as well, and watches
+objects no optimizer holds (docs/guides/lightning.md).
 `--bug=rank-0-rng` gives every rank rank 0's state after the resume: what a module that
 stores `torch.get_rng_state()` in its checkpoint does.
 """
@@ -25,9 +30,6 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
-
-import pytest_resume_equiv as req
-from pytest_resume_equiv.integrations.lightning import ResumeEquivCallback
 
 
 class ResumableBatches:
@@ -91,13 +93,19 @@ def main() -> None:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--bug", choices=("none", "rank-0-rng"), default="none")
+    parser.add_argument("--accelerator", default="cpu", help="Lightning's: cpu, gpu, auto")
+    parser.add_argument("--callback", action="store_true", help="record the logged values too")
     args = parser.parse_args()
 
-    ctx = req.context()  # None when run by hand: then plain CPU
+    callbacks: list[L.Callback] = []
+    if args.callback:
+        from pytest_resume_equiv.integrations.lightning import ResumeEquivCallback
+
+        callbacks.append(ResumeEquivCallback())
     torch.manual_seed(0)  # the same initial weights on every rank
     module = TinyRegressor(bug=args.bug)
     trainer = L.Trainer(
-        accelerator="cpu" if ctx is None or ctx.device_kind == "cpu" else "auto",
+        accelerator=args.accelerator,
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("WORLD_SIZE", "1"))
         // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -107,7 +115,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[
-            ResumeEquivCallback(),
+            *callbacks,
             ModelCheckpoint(
                 dirpath=os.path.join(args.output_dir, "checkpoints"),
                 filename="step_{step}",

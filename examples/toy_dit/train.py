@@ -1,7 +1,14 @@
 """A toy Wan DiT trainer with FSDP2 and DCP checkpoints that resumes exactly.
 
 Read it top to bottom: data, model, condition model, the loop, the checkpoint. It runs on CPU
-with gloo and on CUDA / Ascend NPU with nccl / hccl (the plugin passes the device).
+with gloo and on CUDA / Ascend NPU with nccl / hccl (`--device`).
+
+Nothing here knows about the plugin unless `--record-noise` asks: under a resume test every
+rank records each optimizer step by itself (the loss, the model's inputs by content, the
+model, optimizer and scheduler, every random stream, the condition model's generator
+included). `--record-noise` records the noise and timestep ids the condition model drew with
+`req.record`, so that a report names them first: the sample identities, before the values
+computed from them (docs/guides/recording-more.md).
 
     torchrun --nproc-per-node=2 train.py --model-dir=DIR --max-steps=6 --save-at=3 --output-dir=out
     torchrun --nproc-per-node=2 train.py --model-dir=DIR --max-steps=6 --output-dir=out2 \
@@ -22,7 +29,6 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import pytest_resume_equiv as req
 from pytest_resume_equiv.toy import ToyFlowMatchingCondition, load_toy_wan
 
 BUGS = ("none", "no-condition-rng", "rank0-extra-state", "no-device-rng")
@@ -37,6 +43,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--bug", choices=BUGS, default="none")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (gloo), cuda (nccl) or npu (hccl): LOCAL_RANK's"
+    )
+    parser.add_argument(
+        "--record-noise", action="store_true", help="record more: noise and timestep ids"
+    )
     return parser.parse_args()
 
 
@@ -46,6 +58,19 @@ def latents_for(step: int, rank: int, device: torch.device) -> tuple[torch.Tenso
     latents = torch.randn(2, 4, 2, 4, 4, generator=g)
     text = torch.randn(2, 4, 16, generator=g)
     return latents.to(device), text.to(device)
+
+
+def init_distributed(kind: str) -> torch.device:
+    """The process group, and this rank's device: `LOCAL_RANK`'s of the kind asked for."""
+    if kind == "cpu":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if kind == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    device = torch.device(kind, int(os.environ.get("LOCAL_RANK", "0")))
+    getattr(torch, kind).set_device(device)
+    dist.init_process_group({"cuda": "nccl", "npu": "hccl"}[kind], device_id=device)
+    return device
 
 
 def device_rng_state(device: torch.device) -> torch.Tensor:
@@ -64,13 +89,7 @@ def set_device_rng_state(device: torch.device, state: torch.Tensor) -> None:
 def main() -> None:
     args = parse_args()
     save_at = {int(s) for s in args.save_at.split(",") if s}
-    ctx = req.context()
-    if ctx:
-        ctx.init_process_group()
-        device = ctx.device
-    else:
-        dist.init_process_group("gloo")
-        device = torch.device("cpu")
+    device = init_distributed(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
 
@@ -87,7 +106,6 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
     condition = ToyFlowMatchingCondition(seed=args.seed, dp_rank=rank, device=device)
     torch.manual_seed(args.seed + rank)  # per-rank default stream (dropout, device noise)
-    req.watch(model=model, optimizer=optimizer, scheduler=scheduler)
 
     start = 1
     if args.resume_from:
@@ -120,9 +138,10 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         scheduler.step()
-        req.record(
-            step, loss=loss.item(), noise=sample["noise"], timestep_ids=sample["timestep_ids"]
-        )
+        if args.record_noise:
+            import pytest_resume_equiv as req  # every call is a no-op outside a test run
+
+            req.record(step, noise=sample["noise"], timestep_ids=sample["timestep_ids"])
 
         if step in save_at:
             ckpt = os.path.join(args.output_dir, "checkpoints", f"step_{step}")

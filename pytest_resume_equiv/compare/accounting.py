@@ -112,6 +112,10 @@ class DataAccount:
     no step: content it never saw (kept out of `repeated`: they were seen once, not twice)."""
     unknown_steps: list[int] = field(default_factory=list)
     """The resumed steps that consumed those."""
+    alike: list[tuple[int, int]] = field(default_factory=list)
+    """(resumed step, another uninterrupted step) where the batch a resumed step consumed was
+    consumed by the uninterrupted run at several steps (the same inputs each epoch): which
+    one it was is a reading, and the words say so."""
     first_different: int = 0
     """The first resumed step whose global batch differs from the uninterrupted run's (0: none)."""
 
@@ -136,10 +140,13 @@ class DataAccount:
         moved = [(s, t) for s, t in self.batches if s != t]
         never = [s for s in self.unconsumed if all(s != t for _, t in moved)]
         if not moved:
-            return f"the batch of {_steps(never)} {_was(never)} never consumed" if never else ""
+            return f"{_batch_of(never)} never consumed" if never else ""
         s, t = moved[0]
         again = " again" if t < s else ""
         first = f"step {s} consumed the batch of step {t}{again}"
+        same = dict(self.alike).get(s)
+        if same is not None:
+            first += f" (the same inputs as step {same}'s)"
         shift = t - s
         rest = moved[1:]
         steps = [a for a, _ in moved]
@@ -156,9 +163,9 @@ class DataAccount:
                 f"step {a} the batch of step {b}{' again' if b < a else ''}" for a, b in rest[:3]
             )
         if never and shift > 0 and never[0] < s + shift:
-            return f"the batch of {_steps(never)} {_was(never)} never consumed: {first}"
+            return f"{_batch_of(never)} never consumed: {first}"
         if never:
-            return f"{first} (the batch of {_steps(never)} {_was(never)} never consumed)"
+            return f"{first} ({_batch_of(never)} never consumed)"
         return first
 
     def replay_words(self) -> str:
@@ -347,11 +354,18 @@ def _by_batch(result: DataAccount, base: StepIds, res: StepIds, split: int) -> N
     for step, ids in sorted(base.items()):
         if ids:
             where.setdefault(tuple(sorted(ids)), []).append(step)
+    shift: Optional[int] = None
     for step, ids in sorted(res.items()):
         found = where.get(tuple(sorted(ids)), [])
         if found and step not in found:
-            # the nearest, an earlier one on a tie: the batch consumed again
-            result.batches.append((step, min(found, key=lambda s: (abs(s - step), s))))
+            # the same inputs at several steps (an epoch without shuffle): the one that keeps
+            # the previous step's shift, else the nearest, an earlier one on a tie
+            chosen = min(found, key=lambda s: (s - step != shift, abs(s - step), s))
+            result.batches.append((step, chosen))
+            others = [s for s in found if s != chosen]
+            if others:
+                result.alike.append((step, others[0]))
+            shift = chosen - step
     consumed = {i for ids in res.values() for i in ids}
     result.unconsumed = [
         s for s, ids in sorted(base.items()) if s > split and ids and not set(ids) & consumed
@@ -372,8 +386,11 @@ def _replayed(base: StepIds, res: StepIds, split: int) -> Optional[tuple[list[in
     return [s for s, _ in pairs], [b for _, b in pairs]
 
 
-def _was(steps: list[int]) -> str:
-    return "was" if len(steps) == 1 else "were"
+def _batch_of(steps: list[int]) -> str:
+    """`the batch of step 4 was` / `the batches of steps 4-5, 7 were`."""
+    if len(steps) == 1:
+        return f"the batch of step {steps[0]} was"
+    return f"the batches of {_steps(steps)} were"
 
 
 def _ids(ids: list[int]) -> str:

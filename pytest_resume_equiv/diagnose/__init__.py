@@ -19,7 +19,7 @@ from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
 from .at_step_data import inputs_note, re_executed
-from .classes import DATA_ORDER, DATALOADER_WORKERS
+from .classes import DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT
 from .evidence import Diagnosis, Evidence
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
@@ -40,7 +40,7 @@ def diagnose(
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
     if found is None:
         found = classify_at_step(ev)
-        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS):
+        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT):
             lead = drawn_before_restore(ev)
             if lead:
                 found.notes.append(lead)

@@ -454,7 +454,9 @@ def _computed_differently(ev: Evidence) -> Diagnosis:
 
 HELD_RULES = (_micro_batches, _accumulation, consumed_data)
 """When the resume point held: only the rules that do not blame an audited object's save or
-restore (the gradient-accumulation state and the data order are not audited objects)."""
+restore (the gradient-accumulation state and the data order are not audited objects). The
+data comes last and always answers when the model's inputs differ (`auto:data`): inputs that
+differ are never "computed differently after an exact resume"."""
 
 
 def classify_at_step(ev: Evidence) -> Diagnosis:

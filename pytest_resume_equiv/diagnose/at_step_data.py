@@ -51,7 +51,8 @@ def consumed_data(ev: Evidence) -> Optional[Diagnosis]:
         recorded_ids = [
             k for k in ev.base[rank][ev.step] if not is_audit_key(k) and is_identity_key(k)
         ]
-        content = [k for k in user if is_content_key(k)]
+        # the content the trainer recorded, or the model's inputs recorded automatically
+        content = [k for k in user if is_content_key(k)] or [k for k in keys if k == CONTENT_KEY]
         if recorded_ids and content:
             return Diagnosis(
                 f"{ev.where(rank)}: sample content differs ({', '.join(content)}) while the sample ids "
@@ -61,6 +62,10 @@ def consumed_data(ev: Evidence) -> Optional[Diagnosis]:
                 "starts (or give the DataLoader a generator of its own, saved and restored)",
                 DATALOADER_WORKERS,
             )
+        if CONTENT_KEY in keys:  # the model's inputs alone: a later step's, after a match
+            again = _skipped_again(ev, rank, CONTENT_KEY)
+            if again is not None:
+                return again
     if any(CONTENT_KEY in keys for keys in ev.differing.values()):
         return from_inputs(ev)
     return None
@@ -78,7 +83,7 @@ def from_inputs(ev: Evidence) -> Diagnosis:
     or their order (a step consumed another step's batch), read over the global batch."""
     item = content_account(ev)
     where = f"step {ev.step}"
-    if item is None or item.content_differs or not item.order_words():
+    if item is None or item.content_differs or not (item.order_words() or _sample_words(item)):
         return Diagnosis(
             f"{where}: the model's inputs differ ({CONTENT_KEY}: "
             f"{_new_inputs(item) or 'other inputs than the uninterrupted run'}) while every "
@@ -92,7 +97,9 @@ def from_inputs(ev: Evidence) -> Diagnosis:
             "augmentation draws from",
             UNAUDITED_INPUT,
         )
-    words = item.order_words()
+    # no whole batch moved (a batch of several micro-batches, shifted by one of them): the
+    # samples say it still, counted
+    words = item.order_words() or _sample_words(item)
     replay = item.replay_words() if item._replay_is_all() else ""
     if item.first_different == ev.split + 1 and item.batches[:1] == [(ev.split + 1, ev.split + 2)]:
         why = (
@@ -123,6 +130,21 @@ def from_inputs(ev: Evidence) -> Diagnosis:
         f"show {words}, while every audited RNG stream matches: {why}",
         DATA_ORDER,
     )
+
+
+def _sample_words(item: DataAccount) -> str:
+    """The samples that moved, counted: `2 samples never seen and 4 consumed at another
+    step`; "" when none did."""
+    parts = [
+        f"{len(ids)} sample{'s' if len(ids) > 1 else ''} {what}"
+        for ids, what in (
+            (item.missing, "never seen"),
+            (item.repeated, "seen twice or more"),
+            (item.moved, "consumed at another step"),
+        )
+        if ids
+    ]
+    return " and ".join(parts)
 
 
 def _new_inputs(item: Optional[DataAccount]) -> str:

@@ -1,7 +1,11 @@
 """Adapters for training frameworks that own the loop (Hugging Face `Trainer`, Lightning).
 
-Each is a callback that calls the in-rank API (`watch` once, `record` after every optimizer
-step), so a trainer built on the framework needs no hand-written recording. Like everything
+A trainer built on one needs none of them: every rank records each optimizer step by
+itself (rank/auto.py: the loss of each backward, the outermost module's inputs, the
+optimizers, schedulers and model the framework built). Each callback adds only the values in
+the framework's own terms (what it logs: loss, lr, grad_norm) and the objects no optimizer
+holds, given as keywords (an EMA); the guides (docs/guides/hf-trainer.md, lightning.md,
+accelerate.md) name what each framework gets automatically. Like everything
 that runs inside ranks, nothing here imports pytest; each adapter imports its framework,
 which comes with the matching extra (`pytest-resume-equiv[hf]`, `[lightning]`).
 """

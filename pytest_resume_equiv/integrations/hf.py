@@ -1,4 +1,7 @@
-"""Hugging Face `Trainer` adapter: `ResumeEquivCallback` records every optimizer step.
+"""Hugging Face `Trainer` adapter: `ResumeEquivCallback` records what the Trainer logs at
+every optimizer step. Optional: without it every rank records the loss, the inputs, the
+model, optimizer and scheduler by itself (docs/guides/hf-trainer.md); it adds the logged
+values and the objects given as keywords.
 
     from pytest_resume_equiv.integrations.hf import ResumeEquivCallback
 

@@ -1,4 +1,7 @@
-"""Lightning adapter: `ResumeEquivCallback` records every optimizer step of `Trainer.fit`.
+"""Lightning adapter: `ResumeEquivCallback` records every optimizer step of `Trainer.fit` in
+Lightning's terms. Optional: without it every rank records the loss, the inputs, the module,
+optimizers and schedulers by itself (docs/guides/lightning.md); it adds `loss` / `lr` /
+`grad_norm` as Lightning sees them and the objects given as keywords.
 
     from pytest_resume_equiv.integrations.lightning import ResumeEquivCallback
 

@@ -8,7 +8,9 @@ that steps two optimizers one after the other, or one optimizer per parameter gr
 one step); a forward or a backward after a step starts the next one. An optimizer that steps
 again with nothing between starts a new step too. A step that the trainer skipped (a
 `GradScaler` found inf/NaN gradients, so `optimizer.step` did not run) counts as a step and
-is recorded as skipped, so the steps after it keep their numbers.
+is recorded as skipped, so the steps after it keep their numbers. The step that DCP's
+`get_state_dict` / `set_state_dict` take to build a fresh optimizer's state (zero gradients,
+learning rates 0: `INIT_STATE_CALLERS`) is no step.
 
 Recorded per step (written when the next iteration begins, or at the end of the run):
 `loss`, the value of every tensor `backward()` was called on since the last step
@@ -138,6 +140,27 @@ class Found:
             for i, obj in enumerate(self.of(kind)):
                 out[kind if i == 0 else f"{kind}{i + 1}"] = obj
         return out
+
+
+INIT_STATE_CALLERS = {("_init_optim_state", "state_dict.py")}
+"""Functions that step an optimizer to build its state, not to train: DCP's
+`get_state_dict` / `set_state_dict` call `_init_optim_state`
+(torch/distributed/checkpoint/state_dict.py), a `step()` with zero gradients and the learning
+rates set to 0 on an optimizer that has no state yet (a resumed run before its load)."""
+
+
+def _initialising_state() -> bool:
+    """The optimizer step under way is one of `INIT_STATE_CALLERS`' (its hooks run in
+    `Optimizer.step`'s wrapper, called by the function a few frames up)."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if (code.co_name, code.co_filename.rsplit("/", 1)[-1]) in INIT_STATE_CALLERS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _has_parameters(module: Any) -> bool:
@@ -294,14 +317,12 @@ class AutoRecorder:
         self.handles: list[Any] = []
         self.calls = Wrapper()
         self.scaler_calls = Wrapper()
-        self.not_training = Wrapper()
-        """Library calls that step an optimizer to build its state, not to train (DCP's
-        `_init_optim_state`: zero gradients, a zero learning rate, from `get_state_dict` /
-        `set_state_dict` in a process whose optimizer has no state yet, a resumed one).
-        Steps inside them are no steps."""
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
+        self.loaded: list[Any] = []
+        """Modules whose `load_state_dict` ran (a resumed run's model, before its first
+        forward: `adopt_loaded`)."""
         self.taken: Optional[Callable[[int], None]] = None
         """Called with a step's number when its first optimizer step ran (or was skipped):
         what the process does from here on (a save) comes after that step."""
@@ -338,15 +359,15 @@ class AutoRecorder:
         from torch.optim import optimizer as optim
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
-            self.found.add("optimizer", opt)
-            if self.not_training.nested:
+            if _initialising_state():
                 return
+            self.found.add("optimizer", opt)
             if self.first_step_seen is not None:
                 first, self.first_step_seen = self.first_step_seen, None
                 first()
 
         def post_step(opt: Any, args: Any, kwargs: Any) -> None:
-            if not self.not_training.nested:
+            if not _initialising_state():
                 self.step_taken(opt)
 
         def pre_forward(module: Any, args: Any) -> None:
@@ -395,11 +416,24 @@ class AutoRecorder:
             self.calls.wrap(
                 base, "__init__", lambda obj, *a, **k: self.found.add("lr_scheduler", obj)
             )
+        self.calls.wrap(
+            nn_module.Module, "load_state_dict", lambda module, *a, **k: self.loaded.append(module)
+        )
         # every optimizer built, in the order built: a resumed run's snapshot at its first
         # forward sees them before they step
         self.calls.wrap(
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
+
+    def adopt_loaded(self) -> None:
+        """The modules loaded so far that an optimizer updates are the model, found before
+        its first forward: a resumed run's snapshot at `resume_point()`, called before the
+        step's forward, audits it as the uninterrupted run's does (an EMA, loaded too, is
+        no optimizer's)."""
+        for module in self.loaded:
+            if _has_parameters(module) and self._optimized(module):
+                self.found.add("model", module)
+        self.loaded = []
 
     def _optimized(self, module: Any) -> bool:
         """Whether an optimizer built so far updates `module`'s first parameter (a module
@@ -413,11 +447,6 @@ class AutoRecorder:
             for group in opt.param_groups
             for p in group["params"]
         )
-
-    def install_dcp_state_dict(self, module: Any) -> None:
-        """`torch.distributed.checkpoint.state_dict`, once imported: its optimizer state
-        initialisation steps no step (`not_training`)."""
-        self.not_training.wrap(module, "_init_optim_state", lambda *args, **kwargs: None)
 
     def _wrap_scaler(self, scaler_class: type) -> None:
         """`GradScaler.step(optimizer)` that did not step the optimizer: a skipped step. A
@@ -445,7 +474,6 @@ class AutoRecorder:
         self.handles = []
         self.calls.unwrap()
         self.scaler_calls.unwrap()
-        self.not_training.unwrap()
 
 
 def counters(found: Found, before_step: bool = False) -> dict[str, int]:

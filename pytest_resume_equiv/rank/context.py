@@ -303,6 +303,10 @@ class RankState:
         take the snapshot here if one is due."""
         if self.context is None:
             return
+        if self.auto is not None:
+            # the top of a step: the one before it is complete (written now, not at its next
+            # training forward), so a split's point is due at this very call
+            self.auto.boundary()
         self.point.explicit = True
         if self.point.armed is not None:
             first = self.point.pending
@@ -321,6 +325,8 @@ class RankState:
         (`write=False`: taken at a forward, while `resume_point()` may still come)."""
         ctx = self.context
         assert ctx is not None
+        if self.auto is not None:
+            self.auto.adopt_loaded()
         # after a held snapshot the trace has ended: its draws are those up to that forward
         split, draws = self.point.take() if write else self.point.hold()
         checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
@@ -446,8 +452,6 @@ class RankState:
             )
             self.auto = self.lines.recorder
             self.auto.install()
-            state_dict = "torch.distributed.checkpoint.state_dict"
-            self.restores.after_import(state_dict, self.auto.install_dcp_state_dict)
             self.watched.found = self.auto.found.named
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
 

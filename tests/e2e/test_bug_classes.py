@@ -2,7 +2,10 @@
 and its fix, including the patterns that used to be misnamed (a flag that stops dropout looks
 like an RNG bug; a stream restored and then drawn from looks not restored; ...).
 
-tests/zoo/bugzoo.py and tests/zoo/orderzoo.py are trainers with a switch per bug. Each case is
+tests/zoo/bugzoo.py, orderzoo.py and loaderzoo.py are trainers with a switch per bug and no
+`record` line: the plugin records them automatically (a step is an optimizer step), bar the
+calls that show what automatic recording cannot reach (bugzoo's EMA, which no optimizer holds,
+and the sample ids of its worker-seed case, apart from their content). Each case is
 a resume test of its own in a real pytest session (pytester subprocess) with real torchrun
 ranks on CPU/gloo; the cases run in three sessions, one per xdist worker at a time. Inside a
 session every test whose bug is on the load path shares the correct trainer's uninterrupted
@@ -94,15 +97,16 @@ CASES = [
         "06-dataloader-workers",
         "workers",
         "likely cause (dataloader workers)",
-        "sample content differs (batch) while the sample ids (ids)",
+        "sample content differs (auto:data) while the sample ids (ids)",
         "dataloader worker seeds",
+        every_launch=True,  # the trainer records its sample ids (bugzoo.py says why)
     ),
     zoo(
         "07-sampler-epoch",
         "sampler_epoch",
         "likely cause (data order)",
-        "sample ids differ (ids)",
-        "sampler epoch or permutation",
+        "samples never seen",
+        "the loader's epoch or shuffling generator",
         marker="nproc=1, steps=7, split=5",
         group="b",
     ),
@@ -119,7 +123,7 @@ CASES = [
         "10-lr-scheduler-missing",
         "lr_missing",
         "likely cause (scheduler never restored)",
-        "the LR scheduler 'scheduler' was never restored",
+        "the LR scheduler 'lr_scheduler' was never restored",
         "warmup restarts",
         "Fix: save and load its state_dict()",
     ),
@@ -127,7 +131,7 @@ CASES = [
         "11-lr-scheduler-off-by-one",
         "lr_off_by_one",
         "likely cause (LR scheduler off by one)",
-        "the LR scheduler 'scheduler' is one step ahead at the resume point",
+        "the LR scheduler 'lr_scheduler' is one step ahead at the resume point",
         "Fix: save the scheduler after its step; do not step it after load_state_dict",
     ),
     zoo(
@@ -141,7 +145,7 @@ CASES = [
         "13-loss-scaler",
         "scaler",
         "likely cause (watched state)",
-        "'scaler' differs",
+        "'grad_scaler' differs",
         "Fix: save its state_dict() after the step that ends at the split",
     ),
     zoo(
@@ -154,21 +158,21 @@ CASES = [
         "15-train-eval-flags",
         "eval_flags",
         "likely cause (left in the wrong mode)",
-        "1 in eval mode in the uninterrupted run only",
+        "2 in eval mode in the uninterrupted run only",
         every_launch=True,
     ),
     zoo(
         "15-left-in-eval-mode",
         "eval_after_load",
         "likely cause (left in the wrong mode)",
-        "<root>, 0, 1, 2, 3, 4 in eval mode in the resumed run only",
+        "<root>, 0, 1, 2, 3, 4, 5 in eval mode in the resumed run only",
         "model.train() after loading",
     ),
     zoo(
         "16-buffers",
         "buffers",
         "likely cause (buffers)",
-        "buffer 1.num_batches_tracked differs at the resume point",
+        "buffer 2.num_batches_tracked differs at the resume point",
         "BatchNorm running statistics",
     ),
     zoo(
@@ -224,7 +228,7 @@ CASES = [
         "likely cause (restored then advanced)",
         "was restored (torch.set_rng_state at orderzoo.py:",
         "and then advanced by 4 draws",
-        "random_ at orderzoo.py:58, randn at orderzoo.py:51 (3 times)",
+        "random_ at orderzoo.py:62, randn at orderzoo.py:55 (3 times)",
         # draws beside the iterator's seed (augmentation): restoring after them comes first
         "Fix: restore the stream after that code runs; otherwise give the DataLoader started",
         script=ORDER,
@@ -274,7 +278,7 @@ CASES = [
         "27-persistent-worker-carry-over",
         "persistent_carry",
         "likely cause (skipped again)",
-        "the resumed run matched through step 3, then consumed the samples of step 6 (ids)",
+        "the resumed run matched through step 3, then consumed the samples of step 6 (auto:data)",
         "persistent dataloader worker",
         marker="nproc=1, steps=7, split=2",
         script="loaderzoo.py",
@@ -321,6 +325,7 @@ def _marker(args: str) -> str:
     given.setdefault("steps", "6")
     given.setdefault("split", "3")
     given.setdefault("rng_mutation", "False")  # a test of its own covers the teeth check
+    given.setdefault("auto", "True")  # no record calls (until auto is on by default)
     return ", ".join(f"{k}={v}" for k, v in given.items())
 
 

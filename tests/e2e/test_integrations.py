@@ -2,6 +2,7 @@
 user runs it (a passing resume test and a caught bug, on CPU with gloo)."""
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -101,15 +102,16 @@ def test_lightning_callback_records_optimizer_steps_only(monkeypatch):
     assert seen.records == [(1, {"loss": 0.75, "lr": 0.25, "grad_norm": 5.0})]
 
 
-def _baseline_signature(root: Path) -> Signature:
-    """Rank 0's signature of the shared uninterrupted launch under `root`."""
+def _baseline_signatures(root: Path) -> list[Signature]:
+    """Rank 0's signature of each shared uninterrupted launch under `root`."""
     shared = root / "runpytest-0" / "resume-equiv-shared"
-    (run_dir,) = [p for p in shared.iterdir() if p.is_dir() and not p.name.endswith("-control")]
-    return read_signature(signature_path(str(run_dir), 0))
+    runs = [p for p in shared.iterdir() if p.is_dir() and not p.name.endswith("-control")]
+    return [read_signature(signature_path(str(run_dir), 0)) for run_dir in runs]
 
 
 EXAMPLE_RUNS = {
-    # example: (framework, split, steps, the caught bug's report, recorded keys, watched)
+    # example: (framework, split, steps, the caught bug's report, the explicit call's keys,
+    # the objects watched with it)
     "hf_trainer": (
         "transformers",
         3,
@@ -131,37 +133,56 @@ EXAMPLE_RUNS = {
         "accelerate",
         5,
         7,
-        "likely cause (data order): rank 0, step 6: sample ids differ (sample_ids)",
-        {"loss", "lr", "sample_ids"},
+        "likely cause (data order): step 6: the model's inputs (auto:data, by content over "
+        "every rank's batch) show step 6 consumed the batch of step 5 again",
+        {"sample_ids"},
         {"model", "optimizer", "scheduler", "loader"},
     ),
 }
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_RUNS))
-@pytest.mark.long(55)
+@pytest.mark.long(70)
 def test_example_resumes_exactly_and_catches_its_bug(pytester, example):
-    framework, split, steps, caught, keys, watched_objects = EXAMPLE_RUNS[example]
+    """The example's script has no plugin line: it resumes exactly and its bug is caught
+    from what every rank recorded by itself (the loss of each backward, the inputs of the
+    outermost module, the optimizer and scheduler the framework built); its explicit-call
+    variant (a callback, or `watch(accelerator=...)`) records more beside."""
+    framework, split, steps, caught, explicit, watched_objects = EXAMPLE_RUNS[example]
     if importlib.util.find_spec(framework) is None:
         pytest.skip(f"needs {framework}")
     # find_spec, not importorskip: pytester would drop the modules imported here at teardown,
     # and a later import of transformers would load numpy's C extension a second time
     shutil.copytree(EXAMPLES / example, pytester.path / example)
+    script = (pytester.path / example / "train.py").read_text()
+    assert not re.search(r"^(import|from) pytest_resume_equiv", script, re.M)  # only behind a flag
     # no teeth check: the caught bug already shows the recorded values depend on the RNG
     args = ("-rP", "--resume-equiv-keep=all", "--resume-equiv-rng-mutation=false")
     result = pytester.runpytest_subprocess(*CPU, *args, example)
-    result.assert_outcomes(passed=2)
     text = result.stdout.str()
+    result.assert_outcomes(passed=3)
     assert f"split {split}: equal on all 2 ranks over {steps - split} steps" in text
     assert f"split {split}: first divergence at step {split + 1}" in text
     assert caught in text
-    signature = _baseline_signature(pytester.path)
-    assert signature.complete
-    assert [step for step, _ in signature.steps] == list(range(1, steps + 1))
-    first = signature.steps[0][1]
-    assert {key for key in first if ":" not in key} == keys
-    watched = {key[len("watch:") :].split(".")[0] for key in first if key.startswith("watch:")}
-    assert watched == watched_objects
+    found = "auto:data, auto:loss, watch:lr_scheduler, watch:model, watch:optimizer"
+    assert f"recorded automatically: {found}" in text
+    by_keys = {}
+    for signature in _baseline_signatures(pytester.path):
+        assert signature.complete
+        assert [step for step, _ in signature.steps] == list(range(1, steps + 1))
+        first = signature.steps[0][1]
+        assert {"auto:loss", "auto:data"} <= set(first)
+        by_keys[frozenset(k for k in first if ":" not in k)] = first
+    # the zero-edit launch, and the explicit call's
+    assert set(by_keys) == {frozenset(), frozenset(explicit)}, set(by_keys)
+    watched = {
+        key[len("watch:") :].split(".")[0]
+        for key in by_keys[frozenset(explicit)]
+        if key.startswith("watch:")
+    }
+    assert watched_objects <= watched, watched
+    plain = {key.split(".")[0] for key in by_keys[frozenset()] if key.startswith("watch:")}
+    assert plain == {"watch:model", "watch:optimizer", "watch:lr_scheduler"}, plain
 
 
 def test_watching_an_accelerator_watches_what_save_state_saves(in_rank, monkeypatch):

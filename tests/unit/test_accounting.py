@@ -128,3 +128,16 @@ def test_a_restart_keeps_its_replay_words():
     res = by_content("resumed", 2, range(4, 7), lambda s: inputs(s - 3))
     (item,) = account(BASE, res, 3, 6)
     assert "the resumed run consumed at steps 4-6 the samples of steps 1-3, in order" in item.text()
+
+
+def test_inputs_seen_at_several_steps_are_named_with_their_twin():
+    """An epoch of 3 steps without shuffle: the same inputs at steps 3 and 6. A resumed run
+    that consumes them over and over: which step's batch it was is a reading, said as one."""
+    base = by_content("uninterrupted", 1, range(1, 8), lambda s: inputs((s - 1) % 3 + 1))
+    res = by_content("resumed", 1, range(3, 8), lambda s: inputs(3))
+    (item,) = account(base, res, 2, 7)
+    words = item.order_words()
+    assert words.startswith(
+        "step 4 consumed the batch of step 3 again (the same inputs as step 6's)"
+    )
+    assert words.endswith("(the batches of steps 4-5, 7 were never consumed)")

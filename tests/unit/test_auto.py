@@ -13,6 +13,7 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.rank.auto import StepCounter, batch_parts, sample_ids
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.rank.trace import FORWARD
 from pytest_resume_equiv.signature import read_signature
 
 
@@ -246,19 +247,19 @@ def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_
     assert [len(v["auto:data"]) for _, v in resumed.steps] == [4, 4, 4]
 
 
-def test_dcp_building_optimizer_state_is_no_step(in_rank):
-    """DCP's `get_optimizer_state_dict` in a process whose optimizer has no state yet (a
-    resumed one, before its load) steps it with zero gradients: that is no training step,
-    and the counters the load restored are read at the first real step."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def test_dcp_building_an_optimizers_state_is_no_step(in_rank):
+    """DCP's get_state_dict / set_state_dict step a fresh optimizer (zero gradients, lr 0) to
+    build its state: a resumed FSDP2 trainer does so before its load, and it is no step."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     def resume():
         torch.manual_seed(0)
         model = Net()
         opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-        get_optimizer_state_dict(model, opt)  # builds the state: one step with lr 0
-        for state in opt.state.values():
-            state["step"].fill_(3.0)  # what the load restores: a checkpoint of step 3
+        model_state, optim_state = get_state_dict(model, opt)  # steps opt once, at lr 0
+        for state in optim_state["state"].values():
+            state["step"] = torch.tensor(3.0)  # as loaded from a checkpoint of step 3
+        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state)
         for _ in range(2):
             model(torch.ones(1, 4)).sum().backward()
             opt.step()
@@ -474,3 +475,51 @@ def test_a_model_trained_in_eval_mode_is_found_with_its_modes(in_rank):
     values = sig.by_step()[1]
     assert "model" in sig.found and values["watch:model.modes"] == ["<root>", "body", "head"]
     assert "auto:data" not in values
+
+
+def test_resume_point_calls_mark_the_step_after_the_split(in_rank):
+    """A trainer that calls resume_point() at the top of its step, an eval (in eval mode)
+    before it: the snapshot of split 3 is taken at the call that starts step 4, with the
+    weights of step 3's line, not one step later."""
+
+    def train():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            model.eval()
+            with torch.no_grad():
+                model(torch.rand(1, 4))
+            model.train()
+            req.resume_point()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    sig = _run(in_rank, train, split=3, steps=5)
+    point = sig.resume_point(3)
+    assert point is not None and "test_auto.py" in point["at"]
+    assert point["watch"]["model.params"] == sig.by_step()[3]["watch:model.params"]
+    # the eval's forward is the window's first: a resumed run whose trace ends at its first
+    # forward is compared with the draws before it
+    assert [d["op"] for d in point["draws"]] == ["rand", FORWARD]
+
+
+def test_a_resumed_run_audits_its_loaded_model_at_a_resume_point_before_any_forward(in_rank):
+    """resume_point() at the top of the step comes before the model's first forward: the
+    model it loaded (the one the optimizer updates, not an EMA) is audited there."""
+
+    def resume():
+        model, ema = Net(), Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.load_state_dict(Net().state_dict())
+        ema.load_state_dict(model.state_dict())
+        for _ in range(2):
+            req.resume_point()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, resume, phase="resumed", split=3)
+    point = sig.resume_point(3)
+    assert point is not None and "model.params" in point["watch"]
+    assert sig.found == ["model", "optimizer"]  # the EMA is no optimizer's

@@ -858,3 +858,59 @@ def test_a_resume_that_re_executes_the_epoch_it_was_saved_in_is_named():
 def test_steps_past_the_end_without_a_replay_in_the_data_get_no_cause():
     base, res = auto_runs(inputs, res_steps=range(4, 10))
     assert diagnose(compare_runs(base, res, SPLIT, 6), base, res) is None
+
+
+def test_inputs_shifted_by_part_of_a_batch_are_the_data_order_not_unaudited_randomness():
+    """A step of two micro-batches, the resume skipping one micro-batch too many: no resumed
+    step holds another step's whole batch, and the inputs past the uninterrupted run's end
+    are found nowhere in it, yet the samples moved: the data order, counted by sample."""
+    flat = [k for s in range(1, 9) for k in inputs(s)]
+
+    def shifted(step):
+        start = (step - 1) * 4 + 2
+        return flat[start : start + 4]
+
+    base, res = auto_runs(shifted)
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order", d.cause
+    assert "2 samples never seen and 4 samples consumed at another step" in d.cause
+    assert "number of batches skipped" in d.cause and d.cause.count("Fix:") == 1
+
+
+def test_inputs_that_differ_beside_recorded_ids_that_match_are_the_worker_seeds():
+    """The trainer records its sample ids (an explicit call: what automatic recording cannot
+    tell apart from content), the model's inputs by content differ: the same samples made
+    otherwise, by loader workers seeded anew."""
+
+    def values(shift):
+        return lambda s: {"loss": s / (2 + shift), "ids": [s], "auto:data": [s * 10 + shift]}
+
+    base = {0: run("uninterrupted", range(1, 7), values(0), points=[point()])}
+    res = {0: run("resumed", range(4, 7), values(1), points=[point(restores=1)], restores=[LOAD])}
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "dataloader workers", d.cause
+    assert "sample content differs (auto:data) while the sample ids (ids)" in d.cause
+
+
+def test_inputs_of_a_later_step_after_matching_ones_are_a_skip_made_again():
+    """The resumed run matched at step 4, then consumed step 6's inputs at step 5 (by content,
+    no ids): the resume's skip applied a second time (a persistent worker's)."""
+    base, res = auto_runs(lambda s: inputs(s + 1) if s == 5 else inputs(s))
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "skipped again", d.cause
+    assert "the resumed run matched through step 4, then consumed the samples of step 6" in d.cause
+
+
+def test_new_inputs_after_a_draw_before_the_restore_get_the_workers_lead():
+    """Augmentation in DataLoader workers: their seeds come from a base seed the iterator drew
+    from the CPU RNG before the trainer restored it. The CPU RNG matches at the resume point,
+    the inputs are new: the draw before the restore is the lead."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    drew = point(restores=2, draws=[("random_", "rng:cpu", "dataloader.py:9", 1)])
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)], res_point=drew)
+    res[0].restores[:] = [LOAD, set_state]
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "unaudited input", d.cause
+    assert any(
+        "drawn from (random_ at dataloader.py:9) before it was restored" in n for n in d.notes
+    )

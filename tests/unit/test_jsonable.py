@@ -29,7 +29,21 @@ from pytest_resume_equiv.rank.encode import encode
 from pytest_resume_equiv.report.records import LaunchRecord, RunRecord, TestRecord
 
 ACCOUNT = DataAccount(
-    "sample_ids", [1], [7], [2], False, True, [3], ([4], [2]), (1, 0), [(4, 5)], [4], [9], [6], 4
+    "sample_ids",
+    [1],
+    [7],
+    [2],
+    False,
+    True,
+    [3],
+    ([4], [2]),
+    (1, 0),
+    [(4, 5)],
+    [4],
+    [9],
+    [6],
+    [(4, 7)],
+    4,
 )
 TOPOLOGY = TopologyFacts(
     (2, 1),
@@ -102,7 +116,7 @@ KEYS = {
     "TopologyFacts": "kind nproc data envelopes exact per_rank shared blind text",
     "Envelope": "key step deviation noise allowed",
     "DataAccount": "key missing fewer repeated twice from_earlier moved replayed epochs "
-    "batches unconsumed unknown unknown_steps first_different",
+    "batches unconsumed unknown unknown_steps alike first_different",
     "DataFacts": "kind accounts text",
     "NoiseFacts": "kind source runs first_step spread relative unjudgeable",
     "GateFacts": "kind status reference why differing compared at",

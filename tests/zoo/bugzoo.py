@@ -5,6 +5,14 @@ wrong. Runs inside ranks launched by the plugin, as a script:
 `bugzoo.py --trainer=train --bug=NAME`. A bug on the load path is passed to the resumed launch
 only (resume_args), so the uninterrupted launch is the correct trainer's and tests share it; a
 bug on the save path or in training itself is passed to every launch.
+
+The trainer makes no `record` call: the plugin records every optimizer step on its own (a
+step here is an optimizer step, one per ACCUM micro-batches). `req.context()` is how the zoo
+reads its launch arguments (steps, split, checkpoint folder); the one `watch` call adds the
+EMA, which no optimizer holds and so nothing automatic finds. `--bug=workers` (given to every
+launch) records the sample ids too: the plugin tells samples apart by their content, and a
+worker's augmentation changes the content of the very same samples, so only ids the trainer
+records say "the same samples, made otherwise".
 """
 
 import copy
@@ -31,32 +39,29 @@ ACCUM = 2  # optimizer step every ACCUM batches (gradient accumulation)
 
 
 class Condition(torch.nn.Module):
-    """Owns a generator seeded at construction, like a diffusion condition model."""
+    """The model's first layer, the training-time augmentation: noise from a generator it owns
+    (seeded at construction, like a diffusion condition model), scaled by numpy's and Python's
+    global RNGs, less a running mean of this rank's inputs (an input normalizer: rank-local
+    state, no buffer). The model's inputs are the samples as loaded, so the content that the
+    plugin fingerprints tells the samples apart."""
 
     def __init__(self, seed):
         super().__init__()
         self.generator = torch.Generator().manual_seed(seed)
+        self.running = torch.zeros(4)
 
-    def noise(self, shape):
-        return torch.randn(shape, generator=self.generator)
+    def forward(self, batch):
+        batch = batch + torch.randn(batch.shape, generator=self.generator) * 0.1
+        batch = batch * (1.0 + 0.01 * float(np.random.rand()) + 0.01 * random.random())
+        batch = batch - self.running
+        self.running = 0.5 * self.running + 0.5 * batch.detach().mean(0)
+        return batch
 
 
-class LossScaler:
-    """A dynamic loss scaler: doubles its scale every 2 clean steps (powers of two: exact)."""
-
-    def __init__(self):
-        self.scale, self.clean_steps = 1024.0, 0
-
-    def update(self):
-        self.clean_steps += 1
-        if self.clean_steps % 2 == 0:
-            self.scale *= 2.0
-
-    def state_dict(self):
-        return {"scale": self.scale, "clean_steps": self.clean_steps}
-
-    def load_state_dict(self, state):
-        self.scale, self.clean_steps = state["scale"], state["clean_steps"]
+def loss_scaler():
+    """A dynamic loss scaler (torch's, on CPU): doubles its scale every 2 clean steps (powers
+    of two: exact)."""
+    return torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
 
 
 def epoch_order(epoch, world):
@@ -87,26 +92,28 @@ def train(ctx):
     ctx.init_process_group()
     rank, world = ctx.rank, ctx.world_size
     torch.manual_seed(0)
+    cond = Condition(ctx.seed + rank)
     model = torch.nn.Sequential(
+        cond,
         torch.nn.Linear(4, 8),
         torch.nn.BatchNorm1d(8),
         torch.nn.ReLU(),
         torch.nn.Dropout(0.25),
         torch.nn.Linear(8, 1),
     )
-    ema = copy.deepcopy(model)
+    ema = copy.deepcopy(model[1:])  # the layers with weights
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
-    cond = Condition(ctx.seed + rank)
-    scaler = LossScaler()
+    scaler = loss_scaler()
     torch.manual_seed(100 + rank)
     np.random.seed(200 + rank)
     random.seed(300 + rank)
     worker_rng = random.Random(ctx.seed)  # private: derives the workers' seed each epoch
 
-    step, epoch, skip, micro, seen = 0, 0, 0, 0, rank
+    # step: optimizer steps; micro: micro-batches consumed (the optimizer steps every ACCUM)
+    step, epoch, skip, micro = 0, 0, 0, 0
     worker_seed = worker_rng.randrange(2**31)
-    saved_scaler = scaler  # what the save below reads (a stale reference: chain_stale)
+    saved_ema = ema  # what the save below reads (a stale reference: chain_stale)
     if ctx.resuming:
         state = torch.load(os.path.join(ctx.checkpoint, f"rank-{rank}.pt"), weights_only=True)
         rank0 = torch.load(os.path.join(ctx.checkpoint, "rank-0.pt"), weights_only=True)
@@ -116,6 +123,10 @@ def train(ctx):
                 k: v for k, v in weights.items() if "running" not in k and "num_batches" not in k
             }
         model.load_state_dict(weights, strict=BUG != "buffers")
+        if BUG == "chain_stale":
+            ema = copy.deepcopy(model[1:])  # a new object; the save still reads the pre-load one
+        else:
+            saved_ema = ema
         if BUG == "never_applied":
             restore_optional(ema, state, "ema_state")  # saved as "ema": skipped, silently
         elif BUG != "ema":
@@ -126,10 +137,6 @@ def train(ctx):
             sched.load_state_dict(state["sched"])
         if BUG == "lr_off_by_one":
             sched.step()  # rebuilt and stepped once more after loading
-        if BUG == "chain_stale":
-            scaler = LossScaler()  # a new object; the save still reads the pre-load one
-        else:
-            saved_scaler = scaler
         if BUG != "scaler":
             scaler.load_state_dict(state["scaler"])
         rng = rank0 if BUG == "rng_collapse" else state
@@ -151,14 +158,13 @@ def train(ctx):
         elif BUG != "owned_generator":
             cond.generator.set_state(state["cond_rng"])
         extra = rank0 if BUG == "rank_local" else state
-        step, epoch, skip, seen = state["step"], state["epoch"], state["skip"], extra["seen"]
+        step, epoch, skip = state["step"], state["epoch"], state["skip"]
+        cond.running = extra["running"]
         worker_rng.setstate(
             (state["worker_rng"][0], tuple(state["worker_rng"][1]), state["worker_rng"][2])
         )
         worker_seed = state["worker_seed"]
         micro = state["micro"]
-        for p, g in zip(model.parameters(), state["grads"]):
-            p.grad = g.clone() if g.numel() else None
         if BUG == "workers":
             worker_seed = random.Random(ctx.seed + 1).randrange(2**31)  # re-derived, not restored
         if BUG == "sampler_epoch":
@@ -166,57 +172,58 @@ def train(ctx):
         if BUG == "skip":
             skip += 1
         if BUG == "grad_accum":
-            micro = 0
-            for p in model.parameters():
-                p.grad = None
+            micro = step  # the micro-batch counter restored in optimizer steps, not x ACCUM
         if BUG == "step_off_by_one":
             step -= 1
-        if BUG == "restart":
+        if BUG == "restart":  # the saved place is ignored: training and its data start over
             step, epoch, skip = 0, 0, 0
+            worker_rng = random.Random(ctx.seed)
+            worker_seed = worker_rng.randrange(2**31)
         if BUG == "epoch_boundary" and skip == BATCHES_PER_EPOCH:
             return  # the restored iterator is exhausted: this trainer thinks training is over
         if BUG == "eval_after_load":
             model.eval()  # a validation pass after loading, and no model.train() after it
 
-    req.watch(model=model, optimizer=opt, scheduler=sched, ema=ema, scaler=scaler)
-    torn = None
+    # The EMA: no optimizer holds it and no forward trains it, so only this call audits it.
+    req.watch(ema=ema)
+    torn, step_ids = None, []
     while step < ctx.steps:
         order = epoch_order(epoch, world)[rank::world]
         for index in range(skip, BATCHES_PER_EPOCH):
             ids = order[index * BATCH : (index + 1) * BATCH]
             batch = torch.stack([load_sample(i, worker_seed) for i in ids])
-            batch = batch + cond.noise(batch.shape) * 0.1
-            batch = batch * (1.0 + 0.01 * float(np.random.rand()) + 0.01 * random.random())
             loss = model(batch).pow(2).mean()
-            (loss * scaler.scale).backward()
+            scaler.scale(loss).backward()
             micro += 1
-            if micro == ACCUM:
-                for p in model.parameters():
-                    dist.all_reduce(p.grad)
-                    p.grad /= world * scaler.scale * ACCUM
-                opt.step()
-                sched.step()
-                opt.zero_grad()
-                micro = 0
-                scaler.update()
-                with torch.no_grad():
-                    for e, p in zip(ema.parameters(), model.parameters()):
-                        e.mul_(0.9).add_(p, alpha=0.1)
+            step_ids += ids
+            if micro % ACCUM:
+                continue  # accumulating: the optimizer steps every ACCUM micro-batches
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world * ACCUM  # the scaler divides by its scale (unscale_)
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                for e, p in zip(ema.parameters(), model.parameters()):
+                    e.mul_(0.9).add_(p, alpha=0.1)
             step += 1
-            seen += sum(ids)
+            if BUG == "workers":  # an explicit call: the ids, apart from the content
+                req.record(step, ids=step_ids)
+            step_ids = []
             if BUG == "eval_flags" and step == 2:
-                model[1].eval()  # "freeze BatchNorm after step 2": a resume past it never does
-            req.record(step, loss=loss.item(), ids=ids, batch=batch, seen=seen)
+                model[2].eval()  # "freeze BatchNorm after step 2": a resume past it never does
             if torn is not None:
                 save(*torn)  # the "background" write, after the update mutated the tensors
                 torn = None
             if ctx.should_save(step):
                 state = {
                     "model": model.state_dict(),
-                    "ema": ema.state_dict(),
+                    "ema": saved_ema.state_dict(),
                     "opt": opt.state_dict(),
                     "sched": sched.state_dict(),
-                    "scaler": saved_scaler.state_dict(),
+                    "scaler": scaler.state_dict(),
                     "cpu_rng": torch.get_rng_state(),
                     "np_keys": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
                     "np_rest": list(np.random.get_state()[2:4]),
@@ -229,11 +236,7 @@ def train(ctx):
                     "epoch": epoch,
                     "skip": index + 1,
                     "micro": micro,
-                    "seen": seen,
-                    "grads": [
-                        p.grad.clone() if p.grad is not None else torch.zeros(0)
-                        for p in model.parameters()
-                    ],
+                    "running": cond.running,
                 }
                 if BUG == "torn":
                     torn = (ctx.checkpoint_for(step), rank, state)
@@ -267,7 +270,6 @@ def train_master_weights(ctx):
         opt.load_state_dict(state["opt"])
         torch.set_rng_state(state["cpu_rng"])
         start = state["step"] + 1
-    req.watch(model=model, optimizer=opt)
     for step in range(start, ctx.steps + 1):
         x = torch.randn(8, 16)
         loss = model(x.to(torch.bfloat16)).float().pow(2).mean()
@@ -279,7 +281,6 @@ def train_master_weights(ctx):
         with torch.no_grad():
             for m, p in zip(master, model.parameters()):
                 p.copy_(m.to(torch.bfloat16))
-        req.record(step, loss=loss.item(), x=x)
         if ctx.should_save(step):
             save(
                 ctx.checkpoint_for(step),

@@ -2,7 +2,9 @@
 dataset how many samples of the epoch to skip (`--bug=persistent_carry`: the dataset keeps
 that skip, and its persistent worker applies it again in every later epoch).
 
-Runs inside ranks launched by the plugin, as a script: `loaderzoo.py [--bug=NAME]`.
+Runs inside ranks launched by the plugin, as a script: `loaderzoo.py [--bug=NAME]`. It makes
+no `record` or `watch` call: the plugin records every optimizer step, its loss and the samples
+given to the model on its own; `req.context()` is how it reads its launch arguments.
 """
 
 import os
@@ -45,7 +47,6 @@ def main(ctx):
         opt.load_state_dict(state["opt"])
         step = state["step"]
         data.skip = (step * BATCH) % SAMPLES  # set before the worker starts: it copies data
-    req.watch(model=model, optimizer=opt)
     while step < ctx.steps:
         for ids in loader:
             loss = (model(ids.float().unsqueeze(1)) - 1).pow(2).mean()
@@ -53,7 +54,6 @@ def main(ctx):
             loss.backward()
             opt.step()
             step += 1
-            req.record(step, loss=loss.item(), ids=ids)
             if ctx.should_save(step):
                 os.makedirs(ctx.checkpoint_for(step), exist_ok=True)
                 state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}

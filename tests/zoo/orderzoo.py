@@ -7,6 +7,10 @@ same order), and a DataLoader whose iterator draws a base seed from the CPU RNG 
 made. A correct trainer makes its iterator first and restores the RNG after it, so that draw
 comes from the stream it will overwrite; the uninterrupted run made it at the start of the
 epoch, before it saved.
+
+The trainer makes no `record` or `watch` call: the plugin records every optimizer step, its
+loss, its inputs and the model and optimizer on its own. `req.context()` is how it reads its
+launch arguments.
 """
 
 import os
@@ -68,9 +72,8 @@ def train(ctx):
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 8), torch.nn.Dropout(dropout), torch.nn.Linear(8, 1)
     )
-    momentum = [torch.zeros_like(p) for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(100 + ctx.rank)
-    req.watch(model=model)
     # --reiterate=yes: a fresh iterator right after every save, so after a load too: both
     # runs draw its base seed at the same point, and the RNG is restored before it
     reiterate = _flag("reiterate", "no") == "yes"
@@ -78,8 +81,7 @@ def train(ctx):
     if ctx.resuming:
         state = torch.load(os.path.join(ctx.checkpoint, f"rank-{ctx.rank}.pt"), weights_only=True)
         model.load_state_dict(state["model"])
-        for buf, saved in zip(momentum, state["momentum"]):
-            buf.copy_(saved)
+        optimizer.load_state_dict(state["optimizer"])
         step, epoch, skip, saved_rng = state["step"], state["epoch"], state["skip"], state["rng"]
         if BUG == "rng_then_iterator" or reiterate:
             torch.set_rng_state(saved_rng)  # restored, then the iterator below draws from it
@@ -90,27 +92,25 @@ def train(ctx):
     if saved_rng is not None and not restored:
         torch.set_rng_state(saved_rng)  # ...the RNG restored
     while step < ctx.steps:
-        x, ids = first if first is not None else next(iterator)
+        x, _ids = first if first is not None else next(iterator)
         first = None
         if BUG == "latent_rng" and step < 2:
             torch.rand(1)  # draws only in the first steps: after the split the stream is idle
         loss = model(x).pow(2).mean()
         loss.backward()
-        with torch.no_grad():
-            for p, buf in zip(model.parameters(), momentum):
-                dist.all_reduce(p.grad)
-                buf.mul_(0.9).add_(p.grad / ctx.world_size)
-                p.sub_(0.1 * buf)
-                p.grad = None
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+        optimizer.step()
+        optimizer.zero_grad()
         step += 1
         skip += 1
-        req.record(step, loss=loss.item(), sample_ids=ids)
         if ctx.should_save(step) or (BUG == "rolling" and not ctx.resuming):
             path = ctx.checkpoint_for(step)
             os.makedirs(path, exist_ok=True)
             state = {
                 "model": model.state_dict(),
-                "momentum": momentum,
+                "optimizer": optimizer.state_dict(),
                 "step": step,
                 "epoch": epoch,
                 "skip": skip,
