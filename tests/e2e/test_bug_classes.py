@@ -325,7 +325,6 @@ def _marker(args: str) -> str:
     given.setdefault("steps", "6")
     given.setdefault("split", "3")
     given.setdefault("rng_mutation", "False")  # a test of its own covers the teeth check
-    given.setdefault("auto", "True")  # no record calls (until auto is on by default)
     return ", ".join(f"{k}={v}" for k, v in given.items())
 
 

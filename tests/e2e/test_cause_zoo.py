@@ -21,31 +21,33 @@ def go(resume_equiv, bug, *args):
         resume_args=[f"--bug={bug}"],
     )
 
-@resume_equivalent(auto=True, steps=8, split=[3, 5], nproc=1)
+@resume_equivalent(steps=8, split=[3, 5], nproc=1)
 def test_exact(resume_equiv):
     go(resume_equiv, "none")
 
-@resume_equivalent(auto=True, steps=8, split=5, nproc=1, rng_mutation=False)
+@resume_equivalent(steps=8, split=5, nproc=1, rng_mutation=False)
 def test_no_epoch_shuffle(resume_equiv):
     go(resume_equiv, "no_epoch_shuffle")
 
-@resume_equivalent(auto=True, steps=8, split=[3, 5], nproc=1, rng_mutation=False)
+@resume_equivalent(steps=8, split=[3, 5], nproc=1, rng_mutation=False)
 def test_newest(resume_equiv):
     go(resume_equiv, "newest")
 
-@resume_equivalent(auto=True, steps=8, split=[3, 5], nproc=1, rng_mutation=False)
+@resume_equivalent(steps=8, split=[3, 5], nproc=1, rng_mutation=False)
 def test_unwatched(resume_equiv):
     go(resume_equiv, "unwatched")
 
-@resume_equivalent(auto=True, steps=8, split=5, nproc=1)
+@resume_equivalent(steps=8, split=5, nproc=1)
 def test_own_generator_exact(resume_equiv):
     go(resume_equiv, "none", "--own-generator")
 
-@resume_equivalent(auto=False, steps=8, split=3, nproc=2, resume_nproc=1)
+# no ids at all: automatic recording off (with it, the input fingerprints account the data,
+# and the resume on 1 rank of this trainer consumes half the global batch: a finding)
+@resume_equivalent(steps=8, split=3, nproc=2, resume_nproc=1, auto=False)
 def test_elastic_without_ids(resume_equiv):
     go(resume_equiv, "none", "--sharded")
 
-@resume_equivalent(auto=True, steps=8, split=5, nproc=1, rng_mutation=False)
+@resume_equivalent(steps=8, split=5, nproc=1, rng_mutation=False)
 def test_loader_reseed(resume_equiv):
     go(resume_equiv, "loader_reseed", "--own-generator")
 """

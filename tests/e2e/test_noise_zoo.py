@@ -34,7 +34,7 @@ def _name(noise: str, bug: str) -> str:
 
 def _module() -> str:
     lines = ["from pytest_resume_equiv import resume_equivalent", ""]
-    marker = "@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)"
+    marker = "@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)"
     for noise, bug in [*[(n, "none") for n in NOISES], *CASES]:
         command = ["noisezoo.py", f"--noise={noise}"]
         resume = [f"--bug={bug}"] if bug != "none" else []

@@ -194,6 +194,59 @@ def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank
     assert sig.loaded == {"split": 3, "counters": {"optimizer": 6}}
 
 
+def test_a_save_right_after_optimizer_step_n_is_logged_after_step_n(in_rank):
+    """Most trainers step, then save (`if step % k == 0: save`) before the next forward; the
+    automatic line of step N is written only when the next iteration begins, but the save
+    (and a restore there) belongs to step N, in a resumed launch too."""
+    import os
+
+    def train(first, last, run_dir):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(first, last + 1):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step % 2 == 0:
+                torch.save(model.state_dict(), os.path.join(run_dir, f"step_{step}.pt"))
+
+    run_dir = in_rank()
+    sig = _run(in_rank, lambda: train(1, 4, run_dir), run_dir=run_dir)
+    saved = {os.path.basename(e["path"]): e["after_step"] for e in sig.files}
+    assert saved == {"step_2.pt": 2, "step_4.pt": 4}
+    resumed_dir = in_rank(phase="resumed", split=2)
+    resumed = _run(in_rank, lambda: train(3, 6, resumed_dir), phase="resumed", split=2)
+    saved = {os.path.basename(e["path"]): e["after_step"] for e in resumed.files}
+    assert saved == {"step_4.pt": 4, "step_6.pt": 6}
+
+
+def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_rank):
+    """The trainer's first `record` comes after an evaluation forward (in training mode),
+    which already completed the first automatic step: that automatic line is superseded by
+    the record's, which keeps what it saw; a resumed launch likewise."""
+
+    def train(first):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(first, first + 3):
+            model(torch.full((2, 4), float(step))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                model(torch.full((2, 4), -float(step)))
+            req.record(step, value=step)
+
+    sig = _run(in_rank, lambda: train(1))
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    assert [len(v["auto:data"]) for _, v in sig.steps] == [4, 4, 4]  # 2 trained, 2 evaluated
+    assert [len(v["auto:loss"]) for _, v in sig.steps] == [1, 1, 1]
+    resumed = _run(in_rank, lambda: train(4), phase="resumed", split=3)
+    assert [s for s, _ in resumed.steps] == [4, 5, 6]
+    assert [len(v["auto:data"]) for _, v in resumed.steps] == [4, 4, 4]
+
+
 def test_dcp_building_an_optimizers_state_is_no_step(in_rank):
     """DCP's get_state_dict / set_state_dict step a fresh optimizer (zero gradients, lr 0) to
     build its state: a resumed FSDP2 trainer does so before its load, and it is no step."""
@@ -287,15 +340,23 @@ def test_auto_resolves_from_ini_env_cli_and_the_marker():
 
     from pytest_resume_equiv.settings import SettingError, resolve_session, resolve_test
 
-    off = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
-    assert off.auto is False and off.sources["auto"] == "default"
-    env = {"PYTEST_RESUME_EQUIV_AUTO": "on"}
-    on = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
-    assert on.auto is True and "PYTEST_RESUME_EQUIV_AUTO" in on.sources["auto"]
+    on = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
+    assert on.auto is True and on.sources["auto"] == "default"
+    env = {"PYTEST_RESUME_EQUIV_AUTO": "off"}
+    off = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
+    assert off.auto is False and "PYTEST_RESUME_EQUIV_AUTO" in off.sources["auto"]
+    for config in (
+        FakeConfig(ini={"resume_equiv_auto": "off"}),
+        FakeConfig(cli={"resume_equiv_auto": "off"}),
+    ):
+        assert (
+            resolve_test(resolve_session(config, env={}), (), {"steps": 6, "split": 3}).auto
+            is False
+        )
     marked = resolve_test(
-        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": False}
+        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": True}
     )
-    assert marked.auto is False and "marker" in marked.sources["auto"]
+    assert marked.auto is True and "marker" in marked.sources["auto"]
     try:
         resolve_test(
             resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3, "auto": "no"}
