@@ -5,6 +5,7 @@ several optimizers in one iteration, a step a GradScaler skipped, micro-batches,
 launch's numbering, explicit `record` calls beside the automatic values, and `auto=False`.
 """
 
+import copy
 import os
 
 import torch
@@ -413,3 +414,48 @@ def test_a_model_trained_in_eval_mode_is_found_with_its_modes(in_rank):
     values = sig.by_step()[1]
     assert "model" in sig.found and values["watch:model.modes"] == ["<root>", "body", "head"]
     assert "auto:data" not in values
+
+
+def _eval_then_train(saved, resume=False):
+    """nanoGPT's loop: at the top of every 3rd iteration an evaluation (eval mode, no_grad)
+    runs before the training forward; the state is saved after step 3's eval."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    start = 0
+    if resume:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        torch.set_rng_state(saved["rng"])
+        start = 3
+    for it in range(start, 5):
+        if it % 3 == 0:
+            model.eval()
+            with torch.no_grad():
+                model(torch.ones(2, 4))  # the evaluation: not the resume point
+            model.train()
+            if it == 3 and not resume:
+                saved.update(copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()}))
+                saved["rng"] = torch.get_rng_state()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_the_resume_point_is_the_first_training_forward_in_both_runs(in_rank, tmp_path):
+    """Both runs snapshot the same program point: the first training forward of step split+1
+    (an evaluation under no_grad before it is passed over in the resumed run as in the
+    uninterrupted one), with the objects named alike (the model found in both), so an exact
+    resume shows no difference there."""
+    saved = {}
+    base = _run(in_rank, lambda: _eval_then_train(saved), run_dir=tmp_path / "base")
+    res = _run(
+        in_rank,
+        lambda: _eval_then_train(saved, resume=True),
+        phase="resumed",
+        run_dir=tmp_path / "res",
+    )
+    a, b = base.resume_point(3), res.resume_point(3)
+    assert a["at"] == b["at"] and "first forward of Net" in a["at"]
+    assert sorted(a["watch"]) == sorted(b["watch"]) and "model.params" in str(sorted(b["watch"]))
+    assert a["watch"] == b["watch"] and a["rng"] == b["rng"]
