@@ -119,7 +119,7 @@ KEYS = {
     "batches unconsumed unknown unknown_steps alike first_different",
     "DataFacts": "kind accounts text",
     "NoiseFacts": "kind source runs first_step spread relative unjudgeable",
-    "GateFacts": "kind status reference why differing compared at",
+    "GateFacts": "kind status reference why differing compared at how",
     "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
     "LoadedStep": "kind split found counters",
