@@ -39,6 +39,9 @@ class ResumePoint:
         self.forward_marked = False
         """The window's first forward is marked in its trace (a trainer that calls
         `resume_point()` itself: its trace goes on to that call)."""
+        self.early = False
+        """The window opened at the split's optimizer step, before the split is armed (at
+        its step line, automatic recording): a trainer's `resume_point()` call arms it."""
         self.hook: Any = None
 
     def install(self, resuming_after: Optional[int], on_forward: Callable[[Any], None]) -> None:
@@ -51,6 +54,9 @@ class ResumePoint:
 
             def hook(module: Any, args: Any) -> None:
                 if self.armed is None:
+                    if self.early and self.explicit and not self.forward_marked:
+                        self.forward_marked = True  # the window's first forward (an eval)
+                        self.window.mark_forward()
                     return
                 if not self.explicit and self.pending is None:
                     # an evaluation (no_grad / inference_mode) is not the step: a resumed
@@ -84,8 +90,10 @@ class ResumePoint:
             self.armed = None
         if not resuming and step in splits:
             self.armed = step
-            self.forward_marked = False
+            if not self.early:  # the window's first forward is marked already
+                self.forward_marked = False
             self.window.start()
+        self.early = False
 
     def optimizer_stepped(self, step: int, resuming: bool, splits: tuple[int, ...]) -> None:
         """Automatic recording: the optimizer step that ends `step` ran. Its line is written
@@ -93,6 +101,7 @@ class ResumePoint:
         window opens here, so the draws of that fetch are traced as after `record(split)`."""
         if not resuming and step in splits and self.armed is None:
             self.window.start()
+            self.early, self.forward_marked = True, False
 
     def take(self) -> tuple[int, list[dict[str, Any]]]:
         """Disarm: (the split the snapshot is for, the draws traced in its window)."""

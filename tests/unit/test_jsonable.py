@@ -122,7 +122,7 @@ KEYS = {
     "GateFacts": "kind status reference why differing compared at how",
     "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
-    "LoadedStep": "kind split found counters",
+    "LoadedStep": "kind split found counters files",
     "Row": "point where disk resumed_from status why",
     "Tolerance": "name first later",
     "ComparisonRules": "steps tolerance ignore strict_latent",
