@@ -253,11 +253,10 @@ OPTIONS: dict[str, Option] = {
         ),
         Option(
             "auto",
-            "automatic recording: on (a step per optimizer step with no call in the trainer; "
-            "loss, input data, optimizers and LR schedulers recorded beside explicit values) or "
-            "off (default for now: only the trainer's record/watch calls); the marker's auto= "
-            "wins",
-            False,
+            "automatic recording: on (default: a step per optimizer step with no call in the "
+            "trainer; loss, input data, optimizers and LR schedulers recorded beside explicit "
+            "values) or off (only the trainer's record/watch calls); the marker's auto= wins",
+            True,
             parse_bool,
             choices=ON_OFF,
         ),

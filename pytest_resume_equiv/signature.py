@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 from .rank.encode import decode_float
 from .rank.layout import (
+    AUTO,
+    AUTOMATIC,
     COUNTERS,
     END,
     FILE_EVENT,
@@ -66,6 +68,9 @@ class Signature:
     loaded: Optional[dict[str, Any]] = None
     """A resumed launch with automatic recording: the step counters its load restored
     (`{"split": N, "counters": {"optimizer": 3, "lr_scheduler": 3}}`, rank/auto.py)."""
+    automatic: int = 0
+    """Of `steps`, the last ones automatic recording wrote with no `record` call since the
+    trainer's last one (superseded by its next: layout.AUTOMATIC)."""
 
     def resume_point(self, split: int) -> Optional[dict[str, Any]]:
         return next((p for p in self.resume_points if p.get("split") == split), None)
@@ -152,10 +157,28 @@ def _read_line(signature: Signature, lineno: int, line: str) -> None:
         for section in section_names():
             entries = _object(path, lineno, obj, section, {})
             values.update({audit_key(section, k): v for k, v in entries.items()})
+        if obj.get(AUTOMATIC) is True:
+            signature.automatic += 1
+        elif signature.automatic:
+            _supersede(signature, values)
         signature.steps.append((step, values))
         counters = obj.get(COUNTERS)
         if isinstance(counters, dict):
             signature.counters.setdefault(step, counters)
+
+
+def _supersede(signature: Signature, values: dict[str, Any]) -> None:
+    """The trainer's first `record` line: the automatic lines written before it go, and what
+    they saw (their losses and input ids, in order) goes into it, before its own."""
+    dropped = signature.steps[-signature.automatic :]
+    del signature.steps[-signature.automatic :]
+    signature.automatic = 0
+    prefix = audit_key(AUTO, "")
+    for key in {k for _, v in dropped for k in v if k.startswith(prefix)}:
+        seen = [x for _, v in dropped if isinstance(v.get(key), list) for x in v[key]]
+        own = values.get(key, [])
+        if seen and isinstance(own, list):
+            values[key] = seen + own
 
 
 def _object(path: str, lineno: int, obj: dict, key: str, default: Any = None) -> dict:

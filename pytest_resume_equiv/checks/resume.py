@@ -66,7 +66,7 @@ def judge_resume(
     cmp = comparator.compare(reference, run, split)
     rules = comparator.rules
     held = gate(reference, source, run, split, rules)
-    loaded = loaded_step(reference, run, split)
+    loaded = loaded_step(reference, run, split, source, held.held)
     verdict = Verdict(
         check,
         "passed" if cmp.equal and not held.failed and loaded is None else "failed",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
-from ..compare.accounting import BATCH_KEY, CONTENT_KEY, ids_of, is_identity_key
+from ..compare.accounting import CONTENT_KEY, ids_of, is_identity_key
 from ..rank.layout import (
     GENERATOR,
     OWNED_BY,
@@ -220,9 +220,9 @@ def _first_batch_differs(s: Subject) -> Optional[bool]:
     keys = [k for k in ours if is_identity_key(k)]
     if not keys:
         return None
-    if keys == sorted([BATCH_KEY, CONTENT_KEY]) or keys == [BATCH_KEY]:
-        # the batches a DataLoader yielded are the samples (the inputs may be them noised)
-        return ours[BATCH_KEY] != theirs.get(BATCH_KEY)
+    # the trainer's own ids say which samples; the content fingerprints beside them also
+    # change when the same samples are augmented from the advanced stream
+    keys = [k for k in keys if k != CONTENT_KEY] or keys
     if keys == [CONTENT_KEY] and ours[CONTENT_KEY] != theirs.get(CONTENT_KEY):
         seen = {
             i

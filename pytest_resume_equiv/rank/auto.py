@@ -331,6 +331,9 @@ class AutoRecorder:
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
+        self.loaded: list[Any] = []
+        """Modules whose `load_state_dict` ran (a resumed run's model, before its first
+        forward: `adopt_loaded`)."""
         self.taken: Optional[Callable[[int], None]] = None
         """Called with a step's number when its first optimizer step ran (or was skipped):
         what the process does from here on (a save) comes after that step."""
@@ -427,12 +430,25 @@ class AutoRecorder:
             self.calls.wrap(
                 base, "__init__", lambda obj, *a, **k: self.found.add("lr_scheduler", obj)
             )
+        self.calls.wrap(
+            nn_module.Module, "load_state_dict", lambda module, *a, **k: self.loaded.append(module)
+        )
         # every optimizer built, in the order built: a resumed run's snapshot at its first
         # forward sees them before they step
         self.calls.wrap(
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
         self.loader.install()
+
+    def adopt_loaded(self) -> None:
+        """The modules loaded so far that an optimizer updates are the model, found before
+        its first forward: a resumed run's snapshot at `resume_point()`, called before the
+        step's forward, audits it as the uninterrupted run's does (an EMA, loaded too, is
+        no optimizer's)."""
+        for module in self.loaded:
+            if _has_parameters(module) and self._optimized(module):
+                self.found.add("model", module)
+        self.loaded = []
 
     def _optimized(self, module: Any) -> bool:
         """Whether an optimizer built so far updates `module`'s first parameter (a module

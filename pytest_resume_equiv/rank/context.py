@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .auto import AutoRecorder, Step, counters, sample_ids
+from .auto import AutoRecorder, counters
+from .auto_lines import AutoLines
 from .crasher import Crasher
 from .encode import encode
 from .files import Event, FileLog
-from .fingerprint import Later, deferred, one_transfer
+from .fingerprint import one_transfer
 from .layout import (
     AUTO,
     CONTEXT_ENV,
@@ -223,14 +224,10 @@ class RankState:
         self.crasher: Optional[Crasher] = None
         self.auto: Optional[AutoRecorder] = None
         """Automatic recording, when the launch has it on (installed with the rest)."""
-        self.explicit = False
-        """The trainer called `record`: it numbers the steps, automatic values go beside."""
-        self.carried: list[Step] = []
-        """Automatic steps taken since the last explicit `record` (their values go in it)."""
+        self.lines: Optional[AutoLines] = None
+        """What automatic recording sees, as step lines (with `auto`)."""
         self.step_auto: dict[str, Any] = {}
         """The automatic values of the step line being written (the `auto` section)."""
-        self.first_after = context.split if context is not None else 0
-        """A resumed launch's automatic steps are numbered from this step + 1."""
         window = DrawTrace(lambda: self.restores.count, self.generators.identity_of)
         self.point = ResumePoint(window)
 
@@ -249,18 +246,14 @@ class RankState:
                     for key, value in values.items()
                 }
             )
-        steps = list(self.carried)
-        self.carried.clear()
-        if self.auto is not None:
-            self.explicit = True
-            pending = self.auto.flush()
-            steps += [pending] if pending is not None else []
-            steps.append(self.auto.counter.take_seen())
-        self.write_step(step, encoded, self._auto_values(steps))
+        auto = self.lines.record_values() if self.lines is not None else {}
+        self.write_step(step, encoded, auto)
 
-    def write_step(self, step: int, encoded: dict[str, Any], auto: dict[str, Any]) -> None:
-        """One step line (the trainer's values and the automatic ones), then what the step
-        means for the resume point and the teeth check."""
+    def write_step(
+        self, step: int, encoded: Mapping[str, Any], auto: dict[str, Any], automatic: bool = False
+    ) -> None:
+        """One step line (the trainer's values and the automatic ones; `automatic`: with no
+        `record` call), then what the step means for the resume point and the teeth check."""
         ctx = self.context
         assert ctx is not None
         writer = self.open()
@@ -275,8 +268,8 @@ class RankState:
         finally:
             self.step_auto = {}
         found = counters(self.auto.found) if self.auto is not None else {}
-        writer.write_step(step, encoded, sections, found)
-        self.restores.after_step = self.files.after_step = step
+        writer.write_step(step, dict(encoded), sections, found, automatic)
+        self.label(step)
         self.point.after_record(step, ctx.resuming, ctx.splits)
         if ctx.phase == "teeth" and writer.records == 1:
             # The teeth check: from here on every random stream is unrelated to the
@@ -285,67 +278,17 @@ class RankState:
             with self.restores.unlogged():
                 mutate(self.generators)
 
-    def _auto_step(self, step: Step) -> None:
-        """A step automatic recording saw complete: its own line, unless the trainer numbers
-        the steps itself (`record`), which then carries its values."""
-        ctx = self.context
-        assert ctx is not None
-        if self.explicit:
-            self.carried.append(step)
-            return
-        number = step.number + (self.first_after if ctx.resuming else 0)
-        self.write_step(number, {}, self._auto_values([step]))
+    def label(self, step: int) -> None:
+        """What the restore and file logs write from now on is of `step` (after it)."""
+        self.restores.after_step = self.files.after_step = step
 
     def _auto_taken(self, number: int) -> None:
         """The optimizer step of automatic step `number` ran: a save from here on is of that
-        step (its line is written only at the next iteration's first forward), and a
-        split's draw trace starts here."""
+        step, and a split's draw trace starts here."""
         ctx = self.context
-        if ctx is None or self.explicit:
-            return
-        number += ctx.split if ctx.resuming else 0
-        self.restores.after_step = self.files.after_step = number
+        assert ctx is not None
+        self.label(number)
         self.point.optimizer_stepped(number, ctx.resuming, ctx.splits)
-
-    def _auto_values(self, steps: list[Step]) -> dict[str, Any]:
-        """The `auto` section of a step line made of `steps` (several when the trainer's
-        `record` comes less often than its optimizer steps)."""
-        if self.auto is None:
-            return {}
-        with one_transfer() as batch:  # the losses and inputs left on a device: one copy
-            held = batch.resolve(
-                {
-                    "loss": [_deferred(v) for s in steps for v in s.losses],
-                    "data": [
-                        [(w, _deferred(f)) for w, f in inputs] for s in steps for inputs in s.inputs
-                    ],
-                    "batch": [
-                        [(w, _deferred(f)) for w, f in batch] for s in steps for batch in s.batches
-                    ],
-                }
-            )
-        out: dict[str, Any] = {}
-        if held["loss"]:
-            out["loss"] = held["loss"]
-        if held["data"]:
-            out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
-        if held["batch"]:
-            out["batch"] = [i for parts in held["batch"] for i in sample_ids(parts)]
-        taken = [s for s in steps if s.optimizers]  # not what a record took before a step
-        if taken and all(s.skipped for s in taken):
-            out["skipped"] = True
-        return out
-
-    def _first_step(self) -> None:
-        """Before the first optimizer step of a resumed launch: the counters its load
-        restored, which say which step the checkpoint is of."""
-        ctx = self.context
-        if ctx is not None and ctx.resuming and self.auto is not None:
-            found = counters(self.auto.found, before_step=True)
-            self.open().loaded({"split": ctx.split, "counters": found})
-            steps = {v for k, v in found.items() if k.startswith("optimizer")}
-            if ctx.picks_checkpoint and len(steps) == 1:
-                self.first_after = steps.pop()
 
     def watch(self, objects: Mapping[str, Any]) -> None:
         if self.context is not None:
@@ -360,6 +303,10 @@ class RankState:
         take the snapshot here if one is due."""
         if self.context is None:
             return
+        if self.auto is not None:
+            # the top of a step: the one before it is complete (written now, not at its next
+            # training forward), so a split's point is due at this very call
+            self.auto.boundary()
         self.point.explicit = True
         if self.point.armed is not None:
             first = self.point.pending
@@ -378,6 +325,8 @@ class RankState:
         (`write=False`: taken at a forward, while `resume_point()` may still come)."""
         ctx = self.context
         assert ctx is not None
+        if self.auto is not None:
+            self.auto.adopt_loaded()
         # after a held snapshot the trace has ended: its draws are those up to that forward
         split, draws = self.point.take() if write else self.point.hold()
         checkpoint = ctx.checkpoint if ctx.resuming else _checkpoint_of(ctx, split)
@@ -450,10 +399,8 @@ class RankState:
         state that says training is over) takes its resume point now; then the footer."""
         ctx = self.context
         open_now = self.writer is not None and self.writer.is_open
-        if open_now and self.auto is not None:
-            last = self.auto.flush()
-            if last is not None and not self.explicit:
-                self._auto_step(last)
+        if open_now and self.lines is not None:
+            self.lines.finish()
         if open_now:
             self.write_pending_point()
         if ctx is not None and open_now and ctx.resuming and self.point.armed is not None:
@@ -494,9 +441,16 @@ class RankState:
             self.restores.listeners.append(self.point.on_restore)
         if ctx.auto and "torch" in sys.modules:
             # before the resume point's forward hook: a step written at a forward arms it
-            self.auto = AutoRecorder(self._auto_step)
-            self.auto.first_step_seen = self._first_step
-            self.auto.taken = self._auto_taken
+            loaded = (
+                (lambda found: self.open().loaded({"split": ctx.split, "counters": found}))
+                if ctx.resuming
+                else None
+            )
+            first = ctx.split if ctx.resuming else None
+            self.lines = AutoLines(
+                self.write_step, self._auto_taken, loaded, first, ctx.picks_checkpoint
+            )
+            self.auto = self.lines.recorder
             self.auto.install()
             self.watched.found = self.auto.found.named
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
@@ -528,10 +482,6 @@ CAPTURES: dict[str, Capture] = {
 }
 """The capture function of every section layout.SECTIONS declares: a new section of a step
 line (a GradScaler's scale, an EMA, FP8 scaling state) is one entry there and one here."""
-
-
-def _deferred(value: Any) -> Any:
-    return deferred(value) if isinstance(value, Later) else value
 
 
 def _checkpoint_of(ctx: RunContext, split: int) -> Optional[str]:

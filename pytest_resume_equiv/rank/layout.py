@@ -229,6 +229,12 @@ def read_status(run_dir: str, rank: int) -> Optional[RankStatus]:
 STEP = "step"
 VALUES = "values"
 """A step line's own keys: the step number, and the user's recorded values."""
+AUTOMATIC = "automatic"
+"""A step line automatic recording wrote with no `record` call (`true`). A trainer that calls
+`record` numbers the steps itself, which the rank learns only at its first call: the
+automatic lines written before it (the first iteration's, when the trainer records after
+another forward) are superseded by that call's line, and the reader moves their automatic
+values into it."""
 COUNTERS = "counters"
 """A step line's step counters with automatic recording (`{"optimizer": 4, "lr_scheduler":
 4}`): not compared, read against a resumed launch's LOADED line."""

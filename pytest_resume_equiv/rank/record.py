@@ -15,6 +15,7 @@ import threading
 from typing import IO, Any, Callable, Optional
 
 from .layout import (
+    AUTOMATIC,
     COUNTERS,
     END,
     FILE_EVENT,
@@ -100,15 +101,19 @@ class SignatureWriter:
         values: dict[str, Any],
         sections: dict[str, Any],
         counters: Optional[dict[str, int]] = None,
+        automatic: bool = False,
     ) -> None:
         """The user's encoded `values` and the captured `sections` (an empty one is left out),
         and the step `counters` of the optimizers and schedulers found (not compared: they
-        tell which step a resumed run's checkpoint is of)."""
+        tell which step a resumed run's checkpoint is of). `automatic`: written by automatic
+        recording, with no `record` call (layout.AUTOMATIC)."""
         if self.file is None:
             raise RuntimeError("record() called after the signature file was closed")
         line = {STEP: step, VALUES: values, **{k: v for k, v in sections.items() if v}}
         if counters:
             line[COUNTERS] = counters
+        if automatic:
+            line[AUTOMATIC] = True
         self._write(line)
         self.records += 1
 

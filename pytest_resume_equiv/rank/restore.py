@@ -423,9 +423,20 @@ def _dcp_name(*args: Any, **kwargs: Any) -> list[Any]:
 
 def _dcp_file(*args: Any, checkpoint_id: Any = None, storage_reader: Any = None, **kw: Any) -> str:
     path = checkpoint_id or getattr(storage_reader, "path", None)
-    return file_target(os.fspath(path)) if path else "checkpoint"
+    return file_target(_absolute(path)) if path else "checkpoint"
 
 
 def _file_name(f: Any = None, *args: Any, **kwargs: Any) -> str:
-    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "")
-    return file_target(str(path))
+    return file_target(
+        _absolute(f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", ""))
+    )
+
+
+def _absolute(path: Any) -> str:
+    """A path read, absolute: a relative one means the rank's working directory, which the
+    plugin reading the log later does not share (the file events are logged absolute too)."""
+    try:
+        name = os.fsdecode(path)
+    except TypeError:  # not a path (a file object with no name)
+        return ""
+    return os.path.abspath(name) if name else ""

@@ -1,9 +1,11 @@
 """The resume point: everything the audit sees, right before the first resumed step, and at
 the same program point of the uninterrupted run (right before the step after the split).
 
-A resumed launch takes it at the first forward of any `nn.Module` (a global forward pre-hook),
-or where the trainer calls `req.resume_point()`; the uninterrupted launch takes it at the
-first forward (or `resume_point()`) after `record(split)`, for each split. Between the last
+A resumed launch takes it at the first training forward of any `nn.Module` (a global forward
+pre-hook; a forward under `no_grad` or `inference_mode`, an evaluation, is passed over), or
+where the trainer calls `req.resume_point()`; the uninterrupted launch takes it at the first
+training forward (or `resume_point()`) after `record(split)`, for each split: the same program
+point in both, whether or not the trainer evaluates before its training step. Between the last
 restore and that point (and in the uninterrupted run, between `record(split)` and that
 point) every random draw is traced, so a stream that was restored and then advanced says by
 which op, at which line.
@@ -37,6 +39,9 @@ class ResumePoint:
         self.forward_marked = False
         """The window's first forward is marked in its trace (a trainer that calls
         `resume_point()` itself: its trace goes on to that call)."""
+        self.early = False
+        """The window opened at the split's optimizer step, before the split is armed (at
+        its step line, automatic recording): a trainer's `resume_point()` call arms it."""
         self.hook: Any = None
 
     def install(self, resuming_after: Optional[int], on_forward: Callable[[Any], None]) -> None:
@@ -49,9 +54,16 @@ class ResumePoint:
 
             def hook(module: Any, args: Any) -> None:
                 if self.armed is None:
+                    if self.early and self.explicit and not self.forward_marked:
+                        self.forward_marked = True  # the window's first forward (an eval)
+                        self.window.mark_forward()
                     return
                 if not self.explicit and self.pending is None:
-                    on_forward(module)
+                    # an evaluation (no_grad / inference_mode) is not the step: a resumed
+                    # run that evaluates first would otherwise snapshot another program
+                    # point than the uninterrupted run's first training forward
+                    if torch.is_grad_enabled():
+                        on_forward(module)
                 elif self.explicit and self.window.active and not self.forward_marked:
                     self.forward_marked = True
                     self.window.mark_forward()
@@ -78,8 +90,10 @@ class ResumePoint:
             self.armed = None
         if not resuming and step in splits:
             self.armed = step
-            self.forward_marked = False
+            if not self.early:  # the window's first forward is marked already
+                self.forward_marked = False
             self.window.start()
+        self.early = False
 
     def optimizer_stepped(self, step: int, resuming: bool, splits: tuple[int, ...]) -> None:
         """Automatic recording: the optimizer step that ends `step` ran. Its line is written
@@ -87,6 +101,7 @@ class ResumePoint:
         window opens here, so the draws of that fetch are traced as after `record(split)`."""
         if not resuming and step in splits and self.armed is None:
             self.window.start()
+            self.early, self.forward_marked = True, False
 
     def take(self) -> tuple[int, list[dict[str, Any]]]:
         """Disarm: (the split the snapshot is for, the draws traced in its window)."""

@@ -84,8 +84,13 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
         [
             "*resumed training is not equivalent to the uninterrupted run*",
             "*split 3: first divergence at step 4, rank 0, key 'loss': float differs*",
-            "*keys that differ at step 4: rank 0: loss, weight, rng:cpu; rank 1: loss, weight, rng:cpu*",
+            # automatic recording is on by default: the inputs drawn from the unrestored
+            # stream (auto:data), the loss given to backward() and the model it found differ too
+            "*keys that differ at step 4: rank 0: loss, weight, auto:data, auto:loss, rng:cpu, "
+            "watch:model.params; rank 1: loss, weight, auto:data, auto:loss, rng:cpu, "
+            "watch:model.params",
             "*likely cause (never restored): rank 0: the CPU RNG (torch's default generator) was never restored (no set_rng_state call for it after the checkpoint was read)*torch.get_rng_state() / torch.set_rng_state()",
+            "recorded automatically: auto:data, auto:loss, watch:model",
             "*run directories (kept: --resume-equiv-keep=failed):*",
             "*rerun the resumed launch by hand:*",
             "*python* -m torch.distributed.run *--nproc-per-node=2*",
@@ -493,3 +498,74 @@ def test_nondeterministic_training_is_not_blamed_on_the_resume(trainers):
         ]
     )
     assert "likely cause" not in result.stdout.str()
+
+
+SAVES_AFTER_ITS_STEP = """
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--max-steps", type=int)
+parser.add_argument("--out")
+parser.add_argument("--resume-from", default=None)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # keeps no step counter
+start = 1
+if args.resume_from:
+    # the bug: the newest save is loaded (a "latest" lookup), not the one asked for
+    newest = os.path.join(os.path.dirname(args.resume_from), "step_5")
+    state = torch.load(os.path.join(newest, f"rank-{rank}.pt"), weights_only=True)
+    model.load_state_dict(state["model"])
+    start = int(args.resume_from.rsplit("_", 1)[1]) + 1
+for step in range(start, args.max_steps + 1):
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * step + rank))
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    optimizer.step()
+    if step in (3, 5) and not args.resume_from:  # saved right after its optimizer step
+        folder = os.path.join(args.out, f"step_{step}")
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"model": model.state_dict()}, os.path.join(folder, f"rank-{rank}.pt"))
+dist.destroy_process_group()
+"""
+
+
+def test_the_step_of_the_checkpoint_loaded_is_read_from_the_files_it_read(pytester):
+    """A trainer with no plugin line and no step counter (plain SGD, no scheduler) saves right
+    after its optimizer step and, resumed, loads the newest save instead of the split's: the
+    files its load read were written after step 5 (not 4: the save belongs to the step just
+    taken, though its automatic line is written at the next forward), and that is the
+    finding, with automatic recording on by default."""
+    pytester.makepyfile(train_sgd=SAVES_AFTER_ITS_STEP)
+    pytester.makepyfile(
+        test_newest="""
+        from pytest_resume_equiv import resume_equivalent
+
+        @resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
+        def test_newest(resume_equiv):
+            resume_equiv.run(
+                ["train_sgd.py", "--max-steps={steps}", "--out={run_dir}"],
+                checkpoint="{run_dir}/step_{split}",
+                resume_args=["--resume-from={checkpoint}"],
+            )
+        """
+    )
+    result = pytester.runpytest_subprocess(*CPU, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "split 3: the checkpoint loaded is of step 5, not step 3 (rank 0, rank 1: the file "
+            "read (rank-0.pt) was written after step 5); the resumed run went on as if from "
+            "step 3.*",
+        ]
+    )

@@ -5,6 +5,7 @@ several optimizers in one iteration, a step a GradScaler skipped, micro-batches,
 launch's numbering, explicit `record` calls beside the automatic values, and `auto=False`.
 """
 
+import copy
 import os
 
 import torch
@@ -13,6 +14,7 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.rank.auto import StepCounter, batch_parts, sample_ids
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.rank.trace import FORWARD
 from pytest_resume_equiv.signature import read_signature
 
 
@@ -193,6 +195,59 @@ def test_a_resumed_launch_numbers_from_the_split_and_says_what_it_loaded(in_rank
     assert sig.loaded == {"split": 3, "counters": {"optimizer": 6}}
 
 
+def test_a_save_right_after_optimizer_step_n_is_logged_after_step_n(in_rank):
+    """Most trainers step, then save (`if step % k == 0: save`) before the next forward; the
+    automatic line of step N is written only when the next iteration begins, but the save
+    (and a restore there) belongs to step N, in a resumed launch too."""
+    import os
+
+    def train(first, last, run_dir):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(first, last + 1):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step % 2 == 0:
+                torch.save(model.state_dict(), os.path.join(run_dir, f"step_{step}.pt"))
+
+    run_dir = in_rank()
+    sig = _run(in_rank, lambda: train(1, 4, run_dir), run_dir=run_dir)
+    saved = {os.path.basename(e["path"]): e["after_step"] for e in sig.files}
+    assert saved == {"step_2.pt": 2, "step_4.pt": 4}
+    resumed_dir = in_rank(phase="resumed", split=2)
+    resumed = _run(in_rank, lambda: train(3, 6, resumed_dir), phase="resumed", split=2)
+    saved = {os.path.basename(e["path"]): e["after_step"] for e in resumed.files}
+    assert saved == {"step_4.pt": 4, "step_6.pt": 6}
+
+
+def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_rank):
+    """The trainer's first `record` comes after an evaluation forward (in training mode),
+    which already completed the first automatic step: that automatic line is superseded by
+    the record's, which keeps what it saw; a resumed launch likewise."""
+
+    def train(first):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(first, first + 3):
+            model(torch.full((2, 4), float(step))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                model(torch.full((2, 4), -float(step)))
+            req.record(step, value=step)
+
+    sig = _run(in_rank, lambda: train(1))
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    assert [len(v["auto:data"]) for _, v in sig.steps] == [4, 4, 4]  # 2 trained, 2 evaluated
+    assert [len(v["auto:loss"]) for _, v in sig.steps] == [1, 1, 1]
+    resumed = _run(in_rank, lambda: train(4), phase="resumed", split=3)
+    assert [s for s, _ in resumed.steps] == [4, 5, 6]
+    assert [len(v["auto:data"]) for _, v in resumed.steps] == [4, 4, 4]
+
+
 def test_dcp_building_an_optimizers_state_is_no_step(in_rank):
     """DCP's get_state_dict / set_state_dict step a fresh optimizer (zero gradients, lr 0) to
     build its state: a resumed FSDP2 trainer does so before its load, and it is no step."""
@@ -286,15 +341,23 @@ def test_auto_resolves_from_ini_env_cli_and_the_marker():
 
     from pytest_resume_equiv.settings import SettingError, resolve_session, resolve_test
 
-    off = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
-    assert off.auto is False and off.sources["auto"] == "default"
-    env = {"PYTEST_RESUME_EQUIV_AUTO": "on"}
-    on = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
-    assert on.auto is True and "PYTEST_RESUME_EQUIV_AUTO" in on.sources["auto"]
+    on = resolve_test(resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3})
+    assert on.auto is True and on.sources["auto"] == "default"
+    env = {"PYTEST_RESUME_EQUIV_AUTO": "off"}
+    off = resolve_test(resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3})
+    assert off.auto is False and "PYTEST_RESUME_EQUIV_AUTO" in off.sources["auto"]
+    for config in (
+        FakeConfig(ini={"resume_equiv_auto": "off"}),
+        FakeConfig(cli={"resume_equiv_auto": "off"}),
+    ):
+        assert (
+            resolve_test(resolve_session(config, env={}), (), {"steps": 6, "split": 3}).auto
+            is False
+        )
     marked = resolve_test(
-        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": False}
+        resolve_session(FakeConfig(), env=env), (), {"steps": 6, "split": 3, "auto": True}
     )
-    assert marked.auto is False and "marker" in marked.sources["auto"]
+    assert marked.auto is True and "marker" in marked.sources["auto"]
     try:
         resolve_test(
             resolve_session(FakeConfig(), env={}), (), {"steps": 6, "split": 3, "auto": "no"}
@@ -464,3 +527,96 @@ def test_the_batches_a_loader_yielded_are_the_samples_whatever_the_loop_adds(in_
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     assert not hasattr(_BaseDataLoaderIter.__next__, "__wrapped__")
+
+
+def _eval_then_train(saved, resume=False):
+    """nanoGPT's loop: at the top of every 3rd iteration an evaluation (eval mode, no_grad)
+    runs before the training forward; the state is saved after step 3's eval."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    start = 0
+    if resume:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        torch.set_rng_state(saved["rng"])
+        start = 3
+    for it in range(start, 5):
+        if it % 3 == 0:
+            model.eval()
+            with torch.no_grad():
+                model(torch.ones(2, 4))  # the evaluation: not the resume point
+            model.train()
+            if it == 3 and not resume:
+                saved.update(copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()}))
+                saved["rng"] = torch.get_rng_state()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_the_resume_point_is_the_first_training_forward_in_both_runs(in_rank, tmp_path):
+    """Both runs snapshot the same program point: the first training forward of step split+1
+    (an evaluation under no_grad before it is passed over in the resumed run as in the
+    uninterrupted one), with the objects named alike (the model found in both), so an exact
+    resume shows no difference there."""
+    saved = {}
+    base = _run(in_rank, lambda: _eval_then_train(saved), run_dir=tmp_path / "base")
+    res = _run(
+        in_rank,
+        lambda: _eval_then_train(saved, resume=True),
+        phase="resumed",
+        run_dir=tmp_path / "res",
+    )
+    a, b = base.resume_point(3), res.resume_point(3)
+    assert a["at"] == b["at"] and "first forward of Net" in a["at"]
+    assert sorted(a["watch"]) == sorted(b["watch"]) and "model.params" in str(sorted(b["watch"]))
+    assert a["watch"] == b["watch"] and a["rng"] == b["rng"]
+
+
+def test_resume_point_calls_mark_the_step_after_the_split(in_rank):
+    """A trainer that calls resume_point() at the top of its step, an eval (in eval mode)
+    before it: the snapshot of split 3 is taken at the call that starts step 4, with the
+    weights of step 3's line, not one step later."""
+
+    def train():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            model.eval()
+            with torch.no_grad():
+                model(torch.rand(1, 4))
+            model.train()
+            req.resume_point()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    sig = _run(in_rank, train, split=3, steps=5)
+    point = sig.resume_point(3)
+    assert point is not None and "test_auto.py" in point["at"]
+    assert point["watch"]["model.params"] == sig.by_step()[3]["watch:model.params"]
+    # the eval's forward is the window's first: a resumed run whose trace ends at its first
+    # forward is compared with the draws before it
+    assert [d["op"] for d in point["draws"]] == ["rand", FORWARD]
+
+
+def test_a_resumed_run_audits_its_loaded_model_at_a_resume_point_before_any_forward(in_rank):
+    """resume_point() at the top of the step comes before the model's first forward: the
+    model it loaded (the one the optimizer updates, not an EMA) is audited there."""
+
+    def resume():
+        model, ema = Net(), Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.load_state_dict(Net().state_dict())
+        ema.load_state_dict(model.state_dict())
+        for _ in range(2):
+            req.resume_point()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+
+    sig = _run(in_rank, resume, phase="resumed", split=3)
+    point = sig.resume_point(3)
+    assert point is not None and "model.params" in point["watch"]
+    assert sig.found == ["model", "optimizer"]  # the EMA is no optimizer's

@@ -628,6 +628,23 @@ def test_the_prefetch_theory_only_when_the_first_batch_differs():
     assert "prefetch" not in kept.cause and kept.cause.count("Fix:") == 1
 
 
+def test_the_trainers_own_ids_decide_the_prefetch_theory_over_the_content():
+    """Bug class 24 with automatic recording on: the same samples (the trainer's ids), their
+    content augmented from the advanced stream (auto:data differs): no batch was lost."""
+    draws = [("randn", "rng:cpu", "train.py:33", 2)]
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+
+    def values(rng, content):
+        return lambda s: {"loss": s, "rng:cpu": f"{rng}{s}", "ids": [s], "auto:data": content(s)}
+
+    res = point(rng={"cpu": "x"}, restores=2, draws=draws)
+    base, augmented = values("c", lambda s: [10 * s]), values("x", lambda s: [10 * s + 1])
+    d = diagnosis(point(), res, [LOAD, set_state], base, augmented)
+    assert d.bug_class == "restored then advanced"
+    assert d.cause.split("Fix: ", 1)[1].startswith("restore the stream after that code runs")
+    assert "prefetch" not in d.cause
+
+
 def without_points(base_values, res_values):
     base = {0: run("uninterrupted", range(1, 7), base_values)}
     res = {0: run("resumed", range(4, 7), res_values)}

@@ -10,6 +10,10 @@ from; `resume_point()` is called at the top of the training step, as docs/diagno
 - `eval_redo`: the resumed run evaluates again at the iteration it resumes at;
 - `prefetch`: the prefetched batch is not restored: the resumed run fetches a new one;
 - `cpu_rng`: the per-rank CPU RNG state is never restored.
+
+No `record` or `watch` call: the plugin records every optimizer step on its own;
+`req.context()` is how it reads its launch arguments, and `req.resume_point()` stays: rank 0's
+eval forwards come first, so only that call puts both runs' resume point at the training step.
 """
 
 import os
@@ -31,7 +35,6 @@ model = torch.nn.Sequential(
     torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1)
 )
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-req.watch(model=model, optimizer=opt)
 DATA = torch.linspace(-1, 1, 64 * 4).reshape(64, 4)
 torch.manual_seed(100 + rank)  # each rank samples its own batches
 
@@ -82,7 +85,7 @@ while True:
     if it >= ctx.steps:
         break
     req.resume_point()
-    ix, x = batch
+    _, x = batch
     loss = model(x).pow(2).mean()
     batch = get_batch()  # the next step's batch, fetched now
     loss.backward()
@@ -92,5 +95,4 @@ while True:
     opt.step()
     opt.zero_grad()
     it += 1
-    req.record(it, loss=loss.item(), ids=ix.tolist())
 dist.destroy_process_group()
