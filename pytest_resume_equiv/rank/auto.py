@@ -19,9 +19,11 @@ sample given to the outermost module's forward in training mode with autograd on
 with parameters: a loss module is not the model; a forward under no_grad trains nothing): a
 hash of its row (dim 0) of every batched input tensor, with the other inputs whole, reduced
 on the device without a copy of the rows to the host. Ids per sample, not per micro-batch,
-so the global batch is accounted on any number of ranks (compare/accounting.py); `skipped`
-when no optimizer step ran. Every optimizer, LR scheduler and `GradScaler` built and the
-outermost trained modules are found here and audited as the watched objects are
+so the global batch is accounted on any number of ranks (compare/accounting.py); `batch`,
+the same ids of the batch a DataLoader yielded for each micro-batch (rank/loaded.py: the
+samples, where the inputs are the samples changed in the loop, noised or augmented);
+`skipped` when no optimizer step ran. Every optimizer, LR scheduler and `GradScaler` built
+and the outermost trained modules are found here and audited as the watched objects are
 (rank/watch.py), under the names `Found.named` gives.
 """
 
@@ -39,6 +41,7 @@ from .fingerprint import (
     hash_bytes,
     local_shard,
 )
+from .loaded import LoaderTap
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -54,6 +57,9 @@ class Step:
     losses: list[Any] = field(default_factory=list)
     inputs: list[list[tuple[str, Any]]] = field(default_factory=list)
     """Per micro-batch, what its samples are told by (`batch_parts`)."""
+    batches: list[list[tuple[str, Any]]] = field(default_factory=list)
+    """Per micro-batch, the batch a DataLoader yielded for it, told the same way
+    (rank/loaded.py): the samples, before the trainer changed them."""
     optimizers: list[int] = field(default_factory=list)
     """ids of the optimizers that stepped (or were skipped) in it."""
     ran: bool = False
@@ -75,6 +81,7 @@ class StepCounter:
         self.losses: list[Any] = []
         self.inputs: list[list[tuple[str, Any]]] = []
         """What the iteration under way has seen so far (it goes into its step)."""
+        self.batches: list[list[tuple[str, Any]]] = []
         self.ran = 0
         """Optimizer steps that ran, ever (a `GradScaler.step` that adds none skipped)."""
 
@@ -86,8 +93,8 @@ class StepCounter:
             done = self.boundary()
         if self.pending is None:
             self.count += 1
-            self.pending = Step(self.count, self.losses, self.inputs)
-            self.losses, self.inputs = [], []
+            self.pending = Step(self.count, self.losses, self.inputs, self.batches)
+            self.losses, self.inputs, self.batches = [], [], []
         self.pending.optimizers.append(id(optimizer))
         if ran:
             self.pending.ran = True
@@ -102,8 +109,8 @@ class StepCounter:
     def take_seen(self) -> Step:
         """What the iteration under way has seen so far, taken (an explicit `record` holds
         everything seen since the last one, in a trainer with no torch optimizer too)."""
-        seen = Step(0, self.losses, self.inputs)
-        self.losses, self.inputs = [], []
+        seen = Step(0, self.losses, self.inputs, self.batches)
+        self.losses, self.inputs, self.batches = [], [], []
         return seen
 
     def loss(self, value: Any) -> None:
@@ -111,6 +118,9 @@ class StepCounter:
 
     def batch(self, inputs: list[tuple[str, Any]]) -> None:
         self.inputs.append(inputs)
+
+    def loaded(self, batch: list[tuple[str, Any]]) -> None:
+        self.batches.append(batch)
 
 
 class Found:
@@ -318,10 +328,11 @@ class AutoRecorder:
         self.handles: list[Any] = []
         self.calls = Wrapper()
         self.scaler_calls = Wrapper()
+        self.loader = LoaderTap()
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
-        self.loaded: list[Any] = []
+        self.loaded_modules: list[Any] = []
         """Modules whose `load_state_dict` ran (a resumed run's model, before its first
         forward: `adopt_loaded`)."""
         self.taken: Optional[Callable[[int], None]] = None
@@ -396,6 +407,9 @@ class AutoRecorder:
                 given = [*_tensors(args), *_tensors(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))
+                loaded = self.loader.take()
+                if loaded:
+                    self.counter.loaded(batch_parts(loaded))
 
         self.handles = [
             optim.register_optimizer_step_pre_hook(pre_step),
@@ -425,23 +439,26 @@ class AutoRecorder:
                 base, "__init__", lambda obj, *a, **k: self.found.add("lr_scheduler", obj)
             )
         self.calls.wrap(
-            nn_module.Module, "load_state_dict", lambda module, *a, **k: self.loaded.append(module)
+            nn_module.Module,
+            "load_state_dict",
+            lambda module, *a, **k: self.loaded_modules.append(module),
         )
         # every optimizer built, in the order built: a resumed run's snapshot at its first
         # forward sees them before they step
         self.calls.wrap(
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
+        self.loader.install()
 
     def adopt_loaded(self) -> None:
         """The modules loaded so far that an optimizer updates are the model, found before
         its first forward: a resumed run's snapshot at `resume_point()`, called before the
         step's forward, audits it as the uninterrupted run's does (an EMA, loaded too, is
         no optimizer's)."""
-        for module in self.loaded:
+        for module in self.loaded_modules:
             if _has_parameters(module) and self._optimized(module):
                 self.found.add("model", module)
-        self.loaded = []
+        self.loaded_modules = []
 
     def _optimized(self, module: Any) -> bool:
         """Whether an optimizer built so far updates `module`'s first parameter (a module
@@ -482,6 +499,7 @@ class AutoRecorder:
         self.handles = []
         self.calls.unwrap()
         self.scaler_calls.unwrap()
+        self.loader.uninstall()
 
 
 def counters(found: Found, before_step: bool = False) -> dict[str, int]:
