@@ -278,7 +278,7 @@ CASES = [
         "27-persistent-worker-carry-over",
         "persistent_carry",
         "likely cause (skipped again)",
-        "the resumed run matched through step 3, then consumed the samples of step 6 (auto:data)",
+        "the resumed run matched through step 3, then consumed the samples of step 6 (auto:",
         "persistent dataloader worker",
         marker="nproc=1, steps=7, split=2",
         script="loaderzoo.py",
