@@ -223,9 +223,10 @@ def test_a_save_right_after_optimizer_step_n_is_logged_after_step_n(in_rank):
 
 
 def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_rank):
-    """The trainer's first `record` comes after an evaluation forward (in training mode),
-    which already completed the first automatic step: that automatic line is superseded by
-    the record's, which keeps what it saw; a resumed launch likewise."""
+    """The trainer's first `record` comes after an evaluation forward (in training mode,
+    autograd on: under no_grad it would be no training forward), which already completed the
+    first automatic step: that automatic line is superseded by the record's, which keeps what
+    it saw; a resumed launch likewise."""
 
     def train(first):
         torch.manual_seed(0)
@@ -235,8 +236,7 @@ def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_
             model(torch.full((2, 4), float(step))).sum().backward()
             opt.step()
             opt.zero_grad()
-            with torch.no_grad():
-                model(torch.full((2, 4), -float(step)))
+            model(torch.full((2, 4), -float(step)))
             req.record(step, value=step)
 
     sig = _run(in_rank, lambda: train(1))
