@@ -478,6 +478,57 @@ def test_a_model_trained_in_eval_mode_is_found_with_its_modes(in_rank):
     assert "auto:data" not in values
 
 
+def _noised(steps, noise_seed=0, skip=0, prefetch=False):
+    """A DataLoader of 8 samples in batches of 2, noise added to each batch in the loop (a
+    diffusion trainer's latents): the model's inputs are not the samples."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=2)
+    noise = torch.Generator().manual_seed(noise_seed)
+    iterator = iter(loader)
+    for _ in range(skip):  # a resume's skip loop: batches yielded, never given to the model
+        next(iterator)
+    ahead = next(iterator) if prefetch else None
+    for _ in range(steps):
+        # accelerate's DataLoaderShard fetches one batch ahead of the one it hands over
+        (x,), ahead = (ahead, next(iterator, None)) if prefetch else (next(iterator), None)
+        noisy = x + torch.randn(x.shape, generator=noise)
+        model(noisy).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():  # an evaluation, with a loader's batch no training forward takes
+            model.eval()
+            model(next(iter(loader))[0])
+            model.train()
+
+
+def test_the_batches_a_loader_yielded_are_the_samples_whatever_the_loop_adds(in_rank):
+    """`auto:batch`: an id per sample of the batch the DataLoader yielded, the same ids the
+    model's inputs would get unchanged; the noise added in the loop changes the inputs
+    (`auto:data`), never the batch ids. Skipped and evaluation batches are not taken; a
+    loader that fetches ahead gives each step the batch fetched last, in every run alike."""
+    base = _run(in_rank, lambda: _noised(3))
+    other_noise = _run(in_rank, lambda: _noised(3, noise_seed=1), run_dir=base.path + ".n")
+    batch = [v["auto:batch"] for _, v in base.steps]
+    data = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    expected = [sample_ids(batch_parts([("0", data[2 * s : 2 * s + 2])])) for s in range(3)]
+    assert batch == expected
+    assert [v["auto:batch"] for _, v in other_noise.steps] == batch
+    assert [v["auto:data"] for _, v in other_noise.steps] != [v["auto:data"] for _, v in base.steps]
+    skipped = _run(in_rank, lambda: _noised(2, skip=1), run_dir=base.path + ".s")
+    assert [v["auto:batch"] for _, v in skipped.steps] == batch[1:]
+    ahead = _run(in_rank, lambda: _noised(3, prefetch=True), run_dir=base.path + ".p")
+    assert [v["auto:batch"] for _, v in ahead.steps] == batch[1:] + [
+        sample_ids(batch_parts([("0", data[6:8])]))
+    ]
+    # uninstalled with the rest: a loader outside a run is left as torch made it
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    assert not hasattr(_BaseDataLoaderIter.__next__, "__wrapped__")
+
+
 def _eval_then_train(saved, resume=False):
     """nanoGPT's loop: at the top of every 3rd iteration an evaluation (eval mode, no_grad)
     runs before the training forward; the state is saved after step 3's eval."""
