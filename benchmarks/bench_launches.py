@@ -33,7 +33,7 @@ TRAIN = os.path.join(ROOT, "examples", "minimal", "train.py")
 PLUGIN_TEST = """
 from pytest_resume_equiv import resume_equivalent
 
-@resume_equivalent(steps=8, split={splits}, nproc=2, rng_mutation={mutation}, auto=True)
+@resume_equivalent(steps=8, split={splits}, nproc=2, rng_mutation={mutation})
 def test_plugin(resume_equiv):
     resume_equiv.run(
         [{train!r}, "--max-steps={{steps}}", "--save-at={{splits}}", "--output-dir={{run_dir}}"],

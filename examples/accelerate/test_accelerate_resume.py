@@ -20,7 +20,7 @@ COMMAND = [TRAIN, "--max-steps={steps}", "--save-at={splits}", "--output-dir={ru
 # 4 steps per epoch: step 5 is the first step of the second epoch
 # accelerate runs on CPU when its own variable says so (as `accelerate launch --cpu` sets it)
 CPU = {"ACCELERATE_USE_CPU": "true"}
-MARKER = resume_equivalent(steps=7, split=5, nproc=2, env=CPU, auto=True)
+MARKER = resume_equivalent(steps=7, split=5, nproc=2, env=CPU)
 
 
 @MARKER
@@ -48,7 +48,7 @@ def test_forgotten_skip_first_batches_is_caught(resume_equiv):
     assert "likely cause (data order)" in report
 
 
-@resume_equivalent(steps=7, split=5, nproc=2, env=CPU, rng_mutation=False, auto=True)
+@resume_equivalent(steps=7, split=5, nproc=2, env=CPU, rng_mutation=False)
 def test_watched_accelerator_resumes_exactly(resume_equiv):
     """An explicit call: `req.watch(accelerator=...)` audits what `save_state` saves beyond
     the model, optimizer and scheduler found by themselves (the prepared loader's position

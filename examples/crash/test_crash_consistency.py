@@ -30,19 +30,19 @@ def caught(resume_equiv, saver: str) -> str:
     return report
 
 
-@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", auto=True)
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
 def test_an_atomic_save_survives_a_crash_at_every_point(resume_equiv):
     resume_equiv.run(command("atomic"), checkpoint=ROOT)
 
 
-@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", auto=True)
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
 def test_saving_in_place_is_caught(resume_equiv):
     report = caught(resume_equiv, "in-place")
     assert "first failing point (first): rank 0: after torch.save(checkpoints/current/" in report
     assert "resumed from a torn or mixed checkpoint of step 2" in report
 
 
-@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", auto=True)
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
 def test_writing_latest_before_the_data_is_caught(resume_equiv):
     report = caught(resume_equiv, "latest-first")
     # the pointer is complete, the folder it names is not there yet
@@ -50,7 +50,7 @@ def test_writing_latest_before_the_data_is_caught(resume_equiv):
     assert "crashed on the torn checkpoint (rank 0: FileNotFoundError" in report
 
 
-@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", auto=True)
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
 def test_deleting_the_previous_checkpoint_first_is_caught(resume_equiv):
     report = caught(resume_equiv, "delete-previous")
     assert "first failing point (first): rank 0: after shutil.rmtree(checkpoints/step_2)" in report

@@ -14,17 +14,17 @@ TRAIN = str(Path(__file__).with_name("train_cursor.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-at={splits}", "--output-dir={run_dir}"]
 
 
-@resume_equivalent(steps=8, split=5, nproc=2, resume_nproc=1, auto=True)
+@resume_equivalent(steps=8, split=5, nproc=2, resume_nproc=1)
 def test_global_cursor_resumes_from_two_ranks_onto_one(resume_equiv):
     resume_equiv.run(COMMAND, resume_args=["--resume-from={checkpoint}"])
 
 
-@resume_equivalent(steps=8, split=5, nproc=1, resume_nproc=2, auto=True)
+@resume_equivalent(steps=8, split=5, nproc=1, resume_nproc=2)
 def test_global_cursor_resumes_from_one_rank_onto_two(resume_equiv):
     resume_equiv.run(COMMAND, resume_args=["--resume-from={checkpoint}"])
 
 
-@resume_equivalent(steps=8, split=5, nproc=2, resume_nproc=1, auto=True)
+@resume_equivalent(steps=8, split=5, nproc=2, resume_nproc=1)
 def test_per_process_skip_is_caught_on_another_world_size(resume_equiv):
     """The caught-bug twin: skipping per process. A real test would simply fail with the
     report; this demo catches it so the example run stays green, and prints it (-rP)."""

@@ -16,12 +16,12 @@ TRAIN = str(Path(__file__).with_name("train_stateful.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-at={splits}", "--output-dir={run_dir}"]
 
 
-@resume_equivalent(steps=8, split=[2, 4, 6], nproc=1, chain=True, auto=True)
+@resume_equivalent(steps=8, split=[2, 4, 6], nproc=1, chain=True)
 def test_stateful_loader_resumes_again_and_again(resume_equiv):
     resume_equiv.run(COMMAND, resume_args=["--resume-from={checkpoint}"])
 
 
-@resume_equivalent(steps=8, split=[2, 4, 6], nproc=1, auto=True)
+@resume_equivalent(steps=8, split=[2, 4, 6], nproc=1)
 def test_stateful_loader_epoch_not_restored_is_caught(resume_equiv):
     """The caught-bug twin: the loader's state is loaded, the epoch is not. The resumes in
     epoch 0 and at its end pass; the one mid-epoch 1 replays epoch 0's order. A real test would

@@ -18,7 +18,7 @@ VERSION = os.environ.get("TRAINER_VERSION", "1")
 
 
 # rng_mutation=False: this example is about versions; keep the teeth check in your own tests
-@resume_equivalent(steps=4, split=2, nproc=1, rng_mutation=False, golden_checkpoint=True, auto=True)
+@resume_equivalent(steps=4, split=2, nproc=1, rng_mutation=False, golden_checkpoint=True)
 def test_versioned_trainer(resume_equiv):
     resume_equiv.run(
         [

@@ -19,7 +19,7 @@ TRAIN = str(Path(__file__).with_name("train.py"))
 COMMAND = [TRAIN, "--max-steps={steps}", "--save-steps={split}", "--output-dir={run_dir}"]
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_hf_trainer_resumes_exactly(resume_equiv):
     resume_equiv.run(
         COMMAND,
@@ -28,7 +28,7 @@ def test_hf_trainer_resumes_exactly(resume_equiv):
     )
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_ignored_data_skip_is_caught(resume_equiv):
     """`ignore_data_skip=True` trains the resumed run on the epoch's first batches again;
     the demo catches the failure, prints the report (`pytest -rP`) and checks it."""
@@ -43,7 +43,7 @@ def test_ignored_data_skip_is_caught(resume_equiv):
     assert "first divergence at step 4" in report
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_hf_trainer_with_the_callback_resumes_exactly(resume_equiv):
     """An explicit call: `ResumeEquivCallback` records what the Trainer logs (its loss, learning
     rate and grad norm) beside what every rank records by itself."""

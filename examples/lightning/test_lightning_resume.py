@@ -20,12 +20,12 @@ COMMAND = [TRAIN, "--max-steps={steps}", "--save-every={split}", "--output-dir={
 CHECKPOINT = "{run_dir}/checkpoints/step_{split}.ckpt"
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_lightning_resumes_exactly(resume_equiv):
     resume_equiv.run(COMMAND, checkpoint=CHECKPOINT, resume_args=["--resume-from={checkpoint}"])
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_rank_0_rng_on_every_rank_is_caught(resume_equiv):
     """Lightning writes the checkpoint on rank 0 only, so a module that stores
     `torch.get_rng_state()` in it resumes every rank with rank 0's dropout stream; the demo
@@ -42,7 +42,7 @@ def test_rank_0_rng_on_every_rank_is_caught(resume_equiv):
     assert "rank 1: at the resume point rng:cpu equals rank 0's saved state" in report
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_lightning_with_the_callback_resumes_exactly(resume_equiv):
     """An explicit call: `ResumeEquivCallback` records the loss `training_step` returned, the
     learning rate and the grad norm beside what every rank records by itself."""

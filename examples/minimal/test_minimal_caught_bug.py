@@ -15,7 +15,7 @@ from pytest_resume_equiv import resume_equivalent
 TRAIN = str(Path(__file__).with_name("train.py"))
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_forgotten_cpu_rng_is_caught(resume_equiv):
     with pytest.raises(pytest.fail.Exception) as caught:
         resume_equiv.run(

@@ -15,12 +15,12 @@ def _command(model_dir, *more):
     return [TRAIN, f"--model-dir={model_dir}", *args, *more]
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_toy_dit_resumes_exactly(resume_equiv, toy_wan_model_dir):
     resume_equiv.run(_command(toy_wan_model_dir), resume_args=["--resume-from={checkpoint}"])
 
 
-@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_toy_dit_forgotten_condition_generator_is_caught(resume_equiv, toy_wan_model_dir):
     """The condition model's generator (noise, timesteps) is not restored. An explicit call
     where it matters: with `--record-noise` the trainer records the noise and timestep ids it
@@ -54,12 +54,12 @@ def _elastic(resume_equiv, model_dir):
     )
 
 
-@resume_equivalent(steps=5, split=3, nproc=2, resume_nproc=1, auto=True)
+@resume_equivalent(steps=5, split=3, nproc=2, resume_nproc=1)
 def test_toy_dit_resumes_from_two_ranks_onto_one(resume_equiv, toy_wan_model_dir):
     """DCP reshards the FSDP2 state onto one rank; every sample is still consumed once."""
     _elastic(resume_equiv, toy_wan_model_dir)
 
 
-@resume_equivalent(steps=5, split=3, nproc=1, resume_nproc=2, auto=True)
+@resume_equivalent(steps=5, split=3, nproc=1, resume_nproc=2)
 def test_toy_dit_resumes_from_one_rank_onto_two(resume_equiv, toy_wan_model_dir):
     _elastic(resume_equiv, toy_wan_model_dir)

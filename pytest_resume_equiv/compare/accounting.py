@@ -4,10 +4,16 @@ uninterrupted run, over the global batch (every rank's ids of a step together).
 Sample identities are the values recorded under `sample_ids`, `ids` or any key ending in
 `_ids`: an int, a list of ints, or a small tensor of them (a tensor is kept with its values
 up to 16 elements; a bigger one only by fingerprint, which cannot be accounted). Without ids,
-automatic recording's input ids (`auto:data`: each sample, a row of the batch given to the
-model, by its content) are accounted the same way: "the same samples at the same step, each
-exactly once" holds with no sample ids, over the global batch on any number of ranks. Pure: data in, words out. The same words hold
-when the resumed run has another number of ranks.
+automatic recording's ids are accounted the same way: those of the batches a DataLoader
+yielded (`auto:batch`: each sample by its content where it left the loader) when a loader was
+seen, else those of the model's inputs (`auto:data`). "The same samples at the same step, each
+exactly once" holds with no sample ids, over the global batch on any number of ranks. The
+loader's ids are the samples even where the trainer changes them in its loop (noise added to
+a diffusion model's latents, an augmentation); the inputs' then differ from run to run by
+what was added, and say nothing of the samples. An id found nowhere in the uninterrupted run
+is no evidence by itself: other samples (ones the uninterrupted run had not reached within
+its steps) and the same samples transformed otherwise both make one. Pure: data in, words
+out. The same words hold when the resumed run has another number of ranks.
 """
 
 from __future__ import annotations
@@ -27,12 +33,17 @@ StepIds = dict[int, list[int]]
 
 CONTENT_KEY = audit_key(AUTO, "data")
 """The input fingerprints automatic recording writes: each micro-batch by its content."""
+BATCH_KEY = audit_key(AUTO, "batch")
+"""The ids of the batches a DataLoader yielded (rank/loaded.py): each sample by its content
+where it left the loader, before the trainer's loop changed it."""
+AUTO_KEYS = (BATCH_KEY, CONTENT_KEY)
+"""Automatic recording's ids, the loader's first: accounted when the trainer records none."""
 
 
 def is_identity_key(key: str) -> bool:
     """Sample identities (`sample_ids`, `ids`, `*_ids`, or the input fingerprints): what a
     step consumed, which the values it computed follow from."""
-    return key in ("ids", "sample_ids", CONTENT_KEY) or key.endswith("_ids")
+    return key in ("ids", "sample_ids", *AUTO_KEYS) or key.endswith("_ids")
 
 
 def ids_of(value: Any) -> Optional[list[int]]:
@@ -69,12 +80,14 @@ def global_ids(run: dict[int, Signature], key: str, steps: Iterable[int]) -> Opt
 
 
 def identity_keys(run: dict[int, Signature]) -> list[str]:
-    """The identity keys a run recorded; the input ids only when the trainer recorded no
-    sample ids of its own (those say what a sample is, on any topology: the inputs of a
-    rank's batch need not be a function of its samples' ids)."""
+    """The identity keys a run recorded; automatic recording's only when the trainer recorded
+    no sample ids of its own (those say what a sample is, on any topology: the inputs of a
+    rank's batch need not be a function of its samples' ids), and then the loader's batches
+    when a loader was seen (the samples), else the model's inputs."""
     keys = {k for sig in run.values() for _, values in sig.steps for k in values}
     found = sorted(k for k in keys if is_identity_key(k))
-    return found if found == [CONTENT_KEY] else [k for k in found if k != CONTENT_KEY]
+    own = [k for k in found if k not in AUTO_KEYS]
+    return own or [k for k in AUTO_KEYS if k in found][:1]
 
 
 @dataclass
@@ -118,6 +131,8 @@ class DataAccount:
     one it was is a reading, and the words say so."""
     first_different: int = 0
     """The first resumed step whose global batch differs from the uninterrupted run's (0: none)."""
+    alien_steps: list[int] = field(default_factory=list)
+    """The resumed steps none of whose ids the uninterrupted run consumed at any step."""
 
     @property
     def exact(self) -> bool:
@@ -125,11 +140,13 @@ class DataAccount:
 
     @property
     def content_differs(self) -> bool:
-        """The first resumed step whose batch differs holds inputs the uninterrupted run never
-        saw: their content differs (transformed after the sampler, by a random augmentation,
-        or other data), which no order of the same samples explains. Inputs past the end of the
-        uninterrupted run's data, consumed after a skip, come after such a step, not at it."""
-        return bool(self.unknown_steps) and self.unknown_steps[0] == self.first_different
+        """The first resumed step whose batch differs holds ids the uninterrupted run never
+        consumed and no whole batch of another step: other samples (ones it had not reached
+        within its steps, another shuffle) or the same samples transformed otherwise, which the
+        ids alone cannot tell apart. Ids past the end of the uninterrupted run's data, consumed
+        after a skip, come after such a step, not at it."""
+        first = self.first_different
+        return bool(self.unknown_steps) and self.unknown_steps[0] == first in self.alien_steps
 
     def order_words(self) -> str:
         """Which step's batch was repeated or never consumed, from the global batches: `step 4
@@ -185,7 +202,7 @@ class DataAccount:
 
     def text(self) -> str:
         """In words, for the report: which ids, and what it looks like."""
-        if self.key == CONTENT_KEY:
+        if self.key in AUTO_KEYS:
             return self._content_text()
         if self.exact:
             return f"data ({self.key}): every sample consumed exactly once, at the same step"
@@ -215,18 +232,24 @@ class DataAccount:
         return text
 
     def _content_text(self) -> str:
-        """The input ids' account: samples counted, not listed (an id made of a content hash
-        means nothing to a reader); a replay names its steps."""
-        name = "data (the model's inputs, by content)"
+        """Automatic recording's account: samples counted, not listed (an id made of a content
+        hash means nothing to a reader); a replay names its steps."""
+        name = (
+            "data (the batches the DataLoader yielded, by content)"
+            if self.key == BATCH_KEY
+            else "data (the model's inputs, by content)"
+        )
         if self.exact:
             return f"{name}: every sample consumed exactly once, at the same step"
         if self.content_differs:
             n = len(self.unknown)
+            what = "sample" if self.key == BATCH_KEY else "input"
             return (
                 f"{name} after the resume: {_steps(self.unknown_steps)} consumed {n} "
-                f"input{'s' if n > 1 else ''} found nowhere in the uninterrupted run: their "
-                "content differs (the samples transformed otherwise after the sampler, as by a "
-                "random augmentation, or other data), not their order"
+                f"{what}{'s' if n > 1 else ''} found nowhere in the uninterrupted run: other "
+                "samples (ones the uninterrupted run did not reach within its steps, or another "
+                "shuffle) or the same samples transformed otherwise; their content alone cannot "
+                "tell which"
             )
         parts = []
         for ids, what in (
@@ -331,7 +354,7 @@ def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:
         moved |= set((Counter(ids) - Counter(base.get(step, []))).elements()) & set(expected)
     result.moved = sorted(moved - set(result.repeated) - set(result.fewer))
     result.replayed = _replayed(base, res, split)
-    if key == CONTENT_KEY:
+    if key in AUTO_KEYS:
         _by_batch(result, base, res, split)
     return result
 
@@ -344,6 +367,7 @@ def _by_batch(result: DataAccount, base: StepIds, res: StepIds, split: int) -> N
     everywhere = {i for ids in base.values() for i in ids}
     result.unknown = sorted(i for ids in res.values() for i in ids if i not in everywhere)
     result.unknown_steps = sorted(s for s, ids in res.items() if set(ids) - everywhere)
+    result.alien_steps = sorted(s for s, ids in res.items() if ids and not set(ids) & everywhere)
     result.repeated = [i for i in result.repeated if i in everywhere]
     before = {i for s, ids in base.items() if s <= split for i in ids}
     result.from_earlier = bool(result.repeated) and set(result.repeated) <= before

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..rank.layout import RNG, section_of, subject_of, target_covers
+from ..rank.restore import is_load, is_seed
 from ..signature import Signature
 from . import facts
 from .accounting import is_identity_key
@@ -47,6 +49,9 @@ class GateFacts:
     """Items compared on every rank together."""
     at: str = ""
     """Where the snapshots were taken (the lowest judged rank's)."""
+    how: dict[str, dict[str, str]] = field(default_factory=dict)
+    """rank -> differing item -> what the resumed run's restore log says of it: one of
+    `RESTORE_EVIDENCE` (absent: the log cannot tell, as after an in-place load)."""
 
     @property
     def failed(self) -> bool:
@@ -69,9 +74,51 @@ class GateFacts:
         return [
             f"{label}: at the resume point ({self.at}) the resumed run's state differs from "
             f"{self.reference}'s at the same point: {where}. A load is a copy, so no noise "
-            "in the arithmetic explains this: the resume restored something other than what was "
-            "saved"
+            f"in the arithmetic explains this: {self._evidence()}"
         ]
+
+    def _evidence(self) -> str:
+        """What the restore log shows of the differing state, one clause per kind of
+        evidence (never restored, restored then advanced, restored other); the old sentence
+        only where every item was restored, and a neutral one where the log cannot tell."""
+        grouped: dict[str, list[str]] = {}
+        for rank, keys in self.differing.items():
+            for key in keys:
+                how = self.how.get(rank, {}).get(key, UNKNOWN)
+                names = grouped.setdefault(how, [])
+                if not is_identity_key(key) and subject_of(key) not in names:
+                    names.append(subject_of(key))
+        grouped = {how: names for how, names in grouped.items() if names}
+        if not grouped or set(grouped) == {RESTORED_OTHER}:
+            return "the resume restored something other than what was saved"
+        clauses = []
+        for how in (*RESTORE_EVIDENCE, UNKNOWN):
+            names = grouped.get(how)
+            if not names:
+                continue
+            listed = ", ".join(names[:6])
+            was = "was" if len(names) == 1 else "were"
+            clauses.append(
+                {
+                    NOTHING_RESTORED: "the resumed run restored nothing before this point "
+                    f"(no load, no restore call in its log): {listed} {was} never restored",
+                    NEVER_RESTORED: f"{listed} {was} never restored (no restore call names "
+                    f"{'it' if len(names) == 1 else 'them'} before this point)",
+                    ADVANCED: f"{listed} {was} restored and then advanced by random draws "
+                    "before the first resumed step",
+                    NOT_ADVANCED: f"{listed} {was} restored and not drawn from before this "
+                    "point, where the uninterrupted run drew from "
+                    f"{'it' if len(names) == 1 else 'them'} after the split",
+                    RESTORED_OTHER: f"{listed} {was} restored to something other than what "
+                    "was saved",
+                    RESTORED_DIFFERS: f"{listed} {was} restored and "
+                    f"{'differs' if len(names) == 1 else 'differ'} here (restored other than "
+                    "saved, or changed after the restore)",
+                    UNKNOWN: f"{listed} {'does' if len(names) == 1 else 'do'} not hold what "
+                    "was saved",
+                }[how]
+            )
+        return "; ".join(clauses)
 
     def summary(self, label: str) -> list[str]:
         return []
@@ -84,6 +131,58 @@ class GateFacts:
         if self.failed:
             return f"resume point differs from {self.reference}'s"
         return f"resume point not gated: {self.why}"
+
+
+NEVER_RESTORED = "never restored"
+NOTHING_RESTORED = "nothing restored"
+ADVANCED = "restored then advanced"
+NOT_ADVANCED = "restored, not advanced"
+RESTORED_OTHER = "restored other"
+RESTORED_DIFFERS = "restored, differs"
+UNKNOWN = "unknown"
+RESTORE_EVIDENCE = (
+    NOTHING_RESTORED,
+    NEVER_RESTORED,
+    ADVANCED,
+    NOT_ADVANCED,
+    RESTORED_OTHER,
+    RESTORED_DIFFERS,
+)
+
+
+def restore_evidence(res: Signature, point: dict[str, Any], base: dict[str, Any], key: str) -> str:
+    """What the resumed run's restore log (up to its resume point `point`) says of a
+    differing item: no entry at all (`NOTHING_RESTORED`); none that names it
+    (`NEVER_RESTORED`; `UNKNOWN` for a watched object after a load that writes in place,
+    DCP's, which restores unlogged); a random stream drawn from after its last restore
+    (`ADVANCED`), or not, while the uninterrupted run drew from it before its own snapshot
+    `base` (`NOT_ADVANCED`); else `RESTORED_OTHER`. A watched object that was restored is
+    `RESTORED_DIFFERS`: whether it was changed after its restore (a scheduler stepped) the
+    log does not say. Seeding counts as a restore only after
+    the first load (seeding at the start is initialisation)."""
+    log = res.restores[: point.get("restores", len(res.restores))]
+    if not log:
+        return NOTHING_RESTORED
+    subject = subject_of(key)
+    first_load = next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))
+    mine = [
+        i
+        for i, e in enumerate(log)
+        if target_covers(e["what"], subject) and (not is_seed(e["call"]) or i > first_load)
+    ]
+    if not mine:
+        in_place = any(e["call"].endswith("checkpoint.load") for e in log)
+        return UNKNOWN if in_place and section_of(key) != RNG else NEVER_RESTORED
+    if section_of(key) != RNG:
+        return RESTORED_DIFFERS
+    if any(
+        d.get("stream") == subject and d.get("after_restores", 0) > mine[-1]
+        for d in point.get("draws", [])
+    ):
+        return ADVANCED
+    if any(d.get("stream") == subject for d in base.get("draws", [])):
+        return NOT_ADVANCED
+    return RESTORED_OTHER
 
 
 def _items(point: dict[str, Any], floats: bool) -> dict[str, Any]:
@@ -136,6 +235,11 @@ def _rank_gate(
     return differing, len(keys) + len(ids), str(b.get("at", ""))
 
 
+def _evidence_of(ref: Signature, res: Signature, split: int, keys: list[str]) -> dict[str, str]:
+    point, base = res.resume_point(split) or {}, ref.resume_point(split) or {}
+    return {k: restore_evidence(res, point, base, k) for k in keys if not is_identity_key(k)}
+
+
 def gate(
     reference: Run,
     source: Optional[Run],
@@ -170,6 +274,7 @@ def gate(
         result.at = result.at or where
         if differing:
             result.differing[str(rank)] = differing
+            result.how[str(rank)] = _evidence_of(ref, sig, split, differing)
     if result.differing:
         result.status = "failed"
     elif not result.compared:

@@ -18,8 +18,14 @@ from ..rank.layout import WATCH, section_of
 from ..signature import Signature
 from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
 from .at_step import classify_at_step
-from .at_step_data import inputs_note, re_executed
-from .classes import DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT
+from .at_step_data import inputs_note, re_executed, replay_leads
+from .classes import (
+    DATA_ORDER,
+    DATALOADER_WORKERS,
+    RESTORED_THEN_ADVANCED,
+    UNAUDITED_INPUT,
+    UNKNOWN,
+)
 from .evidence import Diagnosis, Evidence
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
@@ -38,9 +44,11 @@ def diagnose(
     if cmp.divergence is None:
         return other_checkpoint(ev) or checkpoint_rewritten(ev) or re_executed(ev)
     found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
+    if found is not None and found.bug_class == RESTORED_THEN_ADVANCED:
+        found = replay_leads(ev, found) or found
     if found is None:
         found = classify_at_step(ev)
-        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT):
+        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT, UNKNOWN):
             lead = drawn_before_restore(ev)
             if lead:
                 found.notes.append(lead)

@@ -3,17 +3,21 @@ they held (their content), against the uninterrupted run's: a prefetched batch l
 a skipped batch skipped again, another order or a replayed epoch, unseeded loader workers, a
 resumed run that re-executed the steps before the split.
 
-Without sample ids, the model's inputs by content (`auto:data`) say the same over the global
-batch (every rank's batch of a step together): which step's batch was consumed again or never,
-on any number of ranks. Inputs found nowhere in the uninterrupted run are no order at all: their
-content differs (a random augmentation after the sampler, drawn from another state).
+Without sample ids, automatic recording's ids say the same over the global batch (every
+rank's batch of a step together): which step's batch was consumed again or never, on any
+number of ranks. The batches a DataLoader yielded (`auto:batch`) are the samples; the model's
+inputs (`auto:data`) are the content check: the batches equal and the inputs not, the trainer
+changed the samples after loading (noise, an augmentation in its loop). Ids found nowhere in
+the uninterrupted run name nothing by themselves (other samples, ones it never reached within
+its steps, or the same samples transformed): an augmentation is named only on evidence that
+separates it, batches that match or a random stream that differs.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ..compare.accounting import CONTENT_KEY, DataAccount, account, is_identity_key
+from ..compare.accounting import BATCH_KEY, CONTENT_KEY, DataAccount, account, is_identity_key
 from ..compare.step_problems import step_ranges
 from ..rank.layout import (
     is_audit_key,
@@ -24,6 +28,7 @@ from .classes import (
     RE_EXECUTED_STEPS,
     SKIPPED_AGAIN,
     UNAUDITED_INPUT,
+    UNKNOWN,
 )
 from .evidence import (
     Diagnosis,
@@ -62,41 +67,89 @@ def consumed_data(ev: Evidence) -> Optional[Diagnosis]:
                 "starts (or give the DataLoader a generator of its own, saved and restored)",
                 DATALOADER_WORKERS,
             )
-        if CONTENT_KEY in keys:  # the model's inputs alone: a later step's, after a match
-            again = _skipped_again(ev, rank, CONTENT_KEY)
+        loaded = BATCH_KEY if BATCH_KEY in keys else CONTENT_KEY
+        if loaded in keys:  # automatic ids alone: a later step's, after a match
+            again = _skipped_again(ev, rank, loaded)
             if again is not None:
                 return again
-    if any(CONTENT_KEY in keys for keys in ev.differing.values()):
+    if any(k in keys for keys in ev.differing.values() for k in (BATCH_KEY, CONTENT_KEY)):
         return from_inputs(ev)
     return None
 
 
 def content_account(ev: Evidence) -> Optional[DataAccount]:
-    """The account of the model's inputs by content, when the trainer recorded no sample ids."""
+    """Automatic recording's account, when the trainer recorded no sample ids: of the batches
+    a DataLoader yielded when one was seen, else of the model's inputs."""
     found = account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps)
-    return next((item for item in found if item.key == CONTENT_KEY), None)
+    return next((item for item in found if item.key in (BATCH_KEY, CONTENT_KEY)), None)
+
+
+RECORD_IDS = (
+    "Fix: to tell them apart, record each batch's sample ids (req.record(step, "
+    "sample_ids=...), docs/guides/recording-more.md), or give the model its samples through a "
+    "torch DataLoader, whose batches are recorded by themselves, and the report names the cause"
+)
+"""How to tell other samples from the same samples transformed, when nothing recorded can."""
+
+
+def _unknown(ev: Evidence, item: Optional[DataAccount]) -> Diagnosis:
+    """Inputs (or loaded batches) that differ with nothing to separate other samples from the
+    same samples transformed: said so, with how to tell."""
+    loaded = item is not None and item.key == BATCH_KEY
+    key = BATCH_KEY if loaded else CONTENT_KEY
+    what = "the batches the DataLoader yielded" if loaded else "the model's inputs"
+    found = _new_inputs(item)
+    maybe = (
+        "samples the loader transformed otherwise (an augmentation in the dataset or its "
+        "workers, whose seeds a resume re-draws)"
+        if loaded
+        else "the same samples transformed otherwise (noise or an augmentation added after "
+        "loading, from a source the audit does not see)"
+    )
+    return Diagnosis(
+        f"step {ev.step}: {what} differ from the uninterrupted run's ({key}"
+        f"{': ' + found if found else ''}) while every audited RNG stream matches: other "
+        "samples (another order, or ones the uninterrupted run did not reach within its steps) "
+        f"or {maybe}; what was recorded cannot tell which, so the cause is unknown. " + RECORD_IDS,
+        UNKNOWN,
+    )
+
+
+def _changed_after_loading(ev: Evidence) -> Diagnosis:
+    """The loader yielded the uninterrupted run's batches and the model's inputs differ: the
+    trainer changed the samples in its loop, from randomness the audit does not see."""
+    return Diagnosis(
+        f"step {ev.step}: the batches the DataLoader yielded are the uninterrupted run's "
+        f"({BATCH_KEY}), but the model's inputs differ ({CONTENT_KEY}) while every audited RNG "
+        "stream matches: the samples were changed after loading, in the training loop (noise, "
+        "an augmentation or a mask drawn there), from a random source the audit does not see "
+        "(a generator of another library, a seed of its own). Fix: draw that randomness from "
+        "torch's RNG or a torch.Generator, and save and restore its state with the checkpoint",
+        UNAUDITED_INPUT,
+    )
 
 
 def from_inputs(ev: Evidence) -> Diagnosis:
     """The model's inputs (`auto:data`) differ at this step while every audited RNG stream
-    matches: their content (new inputs: randomness the audit does not see transformed them),
-    or their order (a step consumed another step's batch), read over the global batch."""
+    matches. The batches a DataLoader yielded say which samples they were: the same (the
+    samples changed after loading), or others (their order, read over the global batch). With
+    no loader seen, the inputs' own account: their order when another step's batch or samples
+    show it, else unknown (other samples, or the same samples transformed)."""
     item = content_account(ev)
-    where = f"step {ev.step}"
+    if item is not None and item.key == BATCH_KEY and not 0 < item.first_different <= ev.step:
+        return _changed_after_loading(ev)
     if item is None or item.content_differs or not (item.order_words() or _sample_words(item)):
-        return Diagnosis(
-            f"{where}: the model's inputs differ ({CONTENT_KEY}: "
-            f"{_new_inputs(item) or 'other inputs than the uninterrupted run'}) while every "
-            "audited RNG stream matches: randomness the audit does not see transformed the "
-            "samples, such as augmentation drawn in DataLoader worker processes (their seeds "
-            "come from a base seed the loader draws when its iterator starts, so an iterator "
-            "started before the RNG was restored re-seeds them) or a random source of its own "
-            "(a generator in the dataset, another library). Fix: restore torch's RNG before the "
-            "DataLoader's iterator is created (or give the DataLoader a generator of its own "
-            "and save and restore its state); save and restore any other random source the "
-            "augmentation draws from",
-            UNAUDITED_INPUT,
-        )
+        return _unknown(ev, item)
+    return data_order(ev, item)
+
+
+def data_order(
+    ev: Evidence, item: DataAccount, streams: str = "while every audited RNG stream matches"
+) -> Diagnosis:
+    """The data order, from automatic recording's account: which step's batch was consumed
+    again, lost at the resume, or replayed from an earlier place (`streams`: what the random
+    streams say beside it)."""
+    where = f"step {ev.step}"
     # no whole batch moved (a batch of several micro-batches, shifted by one of them): the
     # samples say it still, counted
     words = item.order_words() or _sample_words(item)
@@ -125,11 +178,31 @@ def from_inputs(ev: Evidence) -> Diagnosis:
             "recomputed), and restore the loader's epoch and shuffling generator before "
             "iterating"
         )
+    what = "the batches the DataLoader yielded" if item.key == BATCH_KEY else "the model's inputs"
     return Diagnosis(
-        f"{where}: the model's inputs ({CONTENT_KEY}, by content over every rank's batch) "
-        f"show {words}, while every audited RNG stream matches: {why}",
+        f"{where}: {what} ({item.key}, by content over every rank's batch) "
+        f"show {words}, {streams}: {why}",
         DATA_ORDER,
     )
+
+
+def replay_leads(ev: Evidence, beside: Diagnosis) -> Optional[Diagnosis]:
+    """A stream restored and then advanced (`beside`), while the resumed steps consumed, in
+    order, the batches of steps before the split: a stream restored from the saved state
+    draws no earlier part of the data again, so the replay is the data position's (the
+    resumed epoch started over, its batches not skipped: HF Trainer's --ignore_data_skip),
+    and it leads; the advance is a note."""
+    item = content_account(ev)
+    if item is None or not item.replayed or not item._replay_is_all():
+        return None
+    found = data_order(
+        ev,
+        item,
+        "which a random stream restored from the saved state does not replay (the one that "
+        "differs is a second finding, noted below)",
+    )
+    found.notes.append(f"also: {beside.cause}")
+    return found
 
 
 def _sample_words(item: DataAccount) -> str:
@@ -151,27 +224,37 @@ def _new_inputs(item: Optional[DataAccount]) -> str:
     if item is None or not item.unknown:
         return ""
     n = len(item.unknown)
+    what = "sample" if item.key == BATCH_KEY else "input"
     return (
-        f"from step {item.unknown_steps[0]} on, {n} input{'s' if n > 1 else ''} found nowhere "
-        "in the uninterrupted run: their content differs, not their order"
+        f"from step {item.unknown_steps[0]} on, {n} {what}{'s' if n > 1 else ''} found "
+        "nowhere in the uninterrupted run"
     )
 
 
 def inputs_note(ev: Evidence, found: Diagnosis) -> str:
-    """For a cause found elsewhere (a random stream not restored): the inputs whose content
-    differs are its effect, not a data-order bug of their own."""
-    if found.bug_class in (DATA_ORDER, UNAUDITED_INPUT, DATALOADER_WORKERS):
+    """For a cause found elsewhere (a random stream that differs): the inputs that differ are
+    its effect, not a data-order bug of their own. The batches a DataLoader yielded, when they
+    match, say the samples were the same and changed after loading; otherwise inputs found
+    nowhere are other samples or the same ones transformed, either drawn from that stream."""
+    if found.bug_class in (DATA_ORDER, UNAUDITED_INPUT, DATALOADER_WORKERS, UNKNOWN):
         return ""
     if not any(CONTENT_KEY in keys for keys in ev.differing.values()):
         return ""
     item = content_account(ev)
+    if item is not None and item.key == BATCH_KEY and item.exact:
+        return (
+            f"the batches the DataLoader yielded ({BATCH_KEY}) are the uninterrupted run's at "
+            f"every step, the model's inputs ({CONTENT_KEY}) are not: the samples were changed "
+            "after loading (noise or an augmentation in the loop), an effect of the cause above "
+            "where they draw from it"
+        )
     if item is None or not item.content_differs:
         return ""
+    what = "batches the DataLoader yielded" if item.key == BATCH_KEY else "model's inputs"
     return (
-        f"the model's inputs ({CONTENT_KEY}) hold content found nowhere in the uninterrupted "
-        f"run from step {item.unknown_steps[0]} on: not another order of the same samples "
-        "but other content, as when random draws transform them after the sampler (an "
-        "augmentation); an effect of the cause above where they draw from it"
+        f"the {what} ({item.key}) hold content found nowhere in the uninterrupted run from "
+        f"step {item.unknown_steps[0]} on: other samples, or the same samples transformed "
+        "otherwise; either may be an effect of the cause above where they draw from it"
     )
 
 

@@ -19,7 +19,9 @@ sample given to the outermost module's forward in training mode (a module with p
 loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
 the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
 sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `skipped` when no optimizer step ran. Every optimizer, LR
+(compare/accounting.py); `batch`, the same ids of the batch a DataLoader yielded for each
+micro-batch (rank/loaded.py: the samples, where the inputs are the samples changed in the
+loop, noised or augmented); `skipped` when no optimizer step ran. Every optimizer, LR
 scheduler and `GradScaler` built and the outermost trained modules are found here and audited
 as the watched objects are (rank/watch.py), under the names `Found.named` gives.
 """
@@ -38,6 +40,7 @@ from .fingerprint import (
     hash_bytes,
     local_shard,
 )
+from .loaded import LoaderTap
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -53,6 +56,9 @@ class Step:
     losses: list[Any] = field(default_factory=list)
     inputs: list[list[tuple[str, Any]]] = field(default_factory=list)
     """Per micro-batch, what its samples are told by (`batch_parts`)."""
+    batches: list[list[tuple[str, Any]]] = field(default_factory=list)
+    """Per micro-batch, the batch a DataLoader yielded for it, told the same way
+    (rank/loaded.py): the samples, before the trainer changed them."""
     optimizers: list[int] = field(default_factory=list)
     """ids of the optimizers that stepped (or were skipped) in it."""
     ran: bool = False
@@ -74,6 +80,7 @@ class StepCounter:
         self.losses: list[Any] = []
         self.inputs: list[list[tuple[str, Any]]] = []
         """What the iteration under way has seen so far (it goes into its step)."""
+        self.batches: list[list[tuple[str, Any]]] = []
         self.ran = 0
         """Optimizer steps that ran, ever (a `GradScaler.step` that adds none skipped)."""
 
@@ -85,8 +92,8 @@ class StepCounter:
             done = self.boundary()
         if self.pending is None:
             self.count += 1
-            self.pending = Step(self.count, self.losses, self.inputs)
-            self.losses, self.inputs = [], []
+            self.pending = Step(self.count, self.losses, self.inputs, self.batches)
+            self.losses, self.inputs, self.batches = [], [], []
         self.pending.optimizers.append(id(optimizer))
         if ran:
             self.pending.ran = True
@@ -101,8 +108,8 @@ class StepCounter:
     def take_seen(self) -> Step:
         """What the iteration under way has seen so far, taken (an explicit `record` holds
         everything seen since the last one, in a trainer with no torch optimizer too)."""
-        seen = Step(0, self.losses, self.inputs)
-        self.losses, self.inputs = [], []
+        seen = Step(0, self.losses, self.inputs, self.batches)
+        self.losses, self.inputs, self.batches = [], [], []
         return seen
 
     def loss(self, value: Any) -> None:
@@ -110,6 +117,9 @@ class StepCounter:
 
     def batch(self, inputs: list[tuple[str, Any]]) -> None:
         self.inputs.append(inputs)
+
+    def loaded(self, batch: list[tuple[str, Any]]) -> None:
+        self.batches.append(batch)
 
 
 class Found:
@@ -317,6 +327,7 @@ class AutoRecorder:
         self.handles: list[Any] = []
         self.calls = Wrapper()
         self.scaler_calls = Wrapper()
+        self.loader = LoaderTap()
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
@@ -388,6 +399,9 @@ class AutoRecorder:
                 given = [*_tensors(args), *_tensors(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))
+                loaded = self.loader.take()
+                if loaded:
+                    self.counter.loaded(batch_parts(loaded))
 
         self.handles = [
             optim.register_optimizer_step_pre_hook(pre_step),
@@ -424,6 +438,7 @@ class AutoRecorder:
         self.calls.wrap(
             torch.optim.Optimizer, "__init__", lambda obj, *a, **k: self.found.add("optimizer", obj)
         )
+        self.loader.install()
 
     def adopt_loaded(self) -> None:
         """The modules loaded so far that an optimizer updates are the model, found before
@@ -474,6 +489,7 @@ class AutoRecorder:
         self.handles = []
         self.calls.unwrap()
         self.scaler_calls.unwrap()
+        self.loader.uninstall()
 
 
 def counters(found: Found, before_step: bool = False) -> dict[str, int]:

@@ -102,6 +102,9 @@ class AutoLines:
                     "data": [
                         [(w, _deferred(f)) for w, f in inputs] for s in steps for inputs in s.inputs
                     ],
+                    "batch": [
+                        [(w, _deferred(f)) for w, f in batch] for s in steps for batch in s.batches
+                    ],
                 }
             )
         out: dict[str, Any] = {}
@@ -109,6 +112,8 @@ class AutoLines:
             out["loss"] = held["loss"]
         if held["data"]:
             out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
+        if held["batch"]:
+            out["batch"] = [i for parts in held["batch"] for i in sample_ids(parts)]
         taken = [s for s in steps if s.optimizers]  # not what a record took before a step
         if taken and all(s.skipped for s in taken):
             out["skipped"] = True

@@ -295,8 +295,8 @@ SECTIONS = (
     Section(
         AUTO,
         "what automatic recording saw in the step (rank/auto.py): `loss` (one value per "
-        "backward), `data` (an id per sample given to the model, from its content), `skipped` (no optimizer "
-        "step ran)",
+        "backward), `data` (an id per sample given to the model, from its content), `batch` (the same "
+        "ids of the batches a DataLoader yielded), `skipped` (no optimizer step ran)",
     ),
 )
 

@@ -1,9 +1,11 @@
 """The resume point: everything the audit sees, right before the first resumed step, and at
 the same program point of the uninterrupted run (right before the step after the split).
 
-A resumed launch takes it at the first forward of any `nn.Module` (a global forward pre-hook),
-or where the trainer calls `req.resume_point()`; the uninterrupted launch takes it at the
-first forward (or `resume_point()`) after `record(split)`, for each split. Between the last
+A resumed launch takes it at the first training forward of any `nn.Module` (a global forward
+pre-hook; a forward under `no_grad` or `inference_mode`, an evaluation, is passed over), or
+where the trainer calls `req.resume_point()`; the uninterrupted launch takes it at the first
+training forward (or `resume_point()`) after `record(split)`, for each split: the same program
+point in both, whether or not the trainer evaluates before its training step. Between the last
 restore and that point (and in the uninterrupted run, between `record(split)` and that
 point) every random draw is traced, so a stream that was restored and then advanced says by
 which op, at which line.
@@ -57,7 +59,11 @@ class ResumePoint:
                         self.window.mark_forward()
                     return
                 if not self.explicit and self.pending is None:
-                    on_forward(module)
+                    # an evaluation (no_grad / inference_mode) is not the step: a resumed
+                    # run that evaluates first would otherwise snapshot another program
+                    # point than the uninterrupted run's first training forward
+                    if torch.is_grad_enabled():
+                        on_forward(module)
                 elif self.explicit and self.window.active and not self.forward_marked:
                     self.forward_marked = True
                     self.window.mark_forward()

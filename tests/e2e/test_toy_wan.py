@@ -94,7 +94,7 @@ TRAIN = str(Path(__file__).with_name("train.py"))
 
 # the same launches as test_toy_dit_resume.py's, the bug on the resumed side only (it is in
 # how the trainer loads): the session runs the uninterrupted launch once
-@resume_equivalent(steps=6, split=3, nproc=2, auto=True)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_rank0_extra_state(resume_equiv, toy_wan_model_dir):
     resume_equiv.run(
         [TRAIN, f"--model-dir={toy_wan_model_dir}", "--max-steps={steps}", "--save-at={splits}",

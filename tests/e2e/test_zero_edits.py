@@ -78,24 +78,42 @@ def test_checkpoint_of_another_step(resume_equiv):
 @resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False, auto=False)
 def test_auto_off_sees_nothing(resume_equiv):
     run(resume_equiv, "no-optimizer-state")
+
+
+NOISED = ["noised_train.py", "--max-steps={steps}", "--save-at={splits}", "--out={run_dir}"]
+
+
+@resume_equivalent(steps=6, split=3, nproc=1, auto=True)
+def test_noised_trainer_resumes(resume_equiv):
+    run(resume_equiv, command=NOISED)
+
+
+@resume_equivalent(steps=6, split=3, nproc=1, rng_mutation=False, auto=True)
+def test_noised_batch_skipped(resume_equiv):
+    run(resume_equiv, "skip-batch", NOISED)
 """
 
 
 @pytest.mark.long(120)
 def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
-    shutil.copy(ZOO / "plain_train.py", pytester.path / "plain_train.py")
+    for trainer in ("plain_train.py", "noised_train.py"):
+        shutil.copy(ZOO / trainer, pytester.path / trainer)
     pytester.makepyfile(test_plain=TESTS)
     result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:cacheprovider")
     text = result.stdout.str()
     print(text)
     assert "INTERNALERROR" not in text
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 1 and outcomes.get("failed") == 10, outcomes
+    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 11, outcomes
     passed = section_of(text, "test_plain_trainer_resumes")
     assert "split 3: equal on all 2 ranks over 3 steps" in passed
     assert "teeth check passed" in passed or "changed the recorded values" in passed
     automatic = "auto:data, auto:loss, watch:lr_scheduler, watch:model, watch:optimizer"
     assert f"recorded automatically: {automatic}" in text
+    # noise added to the batches in the loop: the DataLoader's batches are the samples
+    noised = section_of(text, "test_noised_trainer_resumes")
+    assert "split 3: equal on its one rank over 3 steps" in noised
+    assert "recorded automatically: auto:batch, auto:data, auto:loss" in noised
     expected = {
         "test_forgotten_optimizer_state": ["likely cause (optimizer never restored)"],
         "test_forgotten_scheduler": ["likely cause (scheduler never restored)"],
@@ -129,10 +147,17 @@ def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
         "test_augmented_with_a_stream_not_restored": [
             "likely cause (",
             "Python's random module",
-            "found nowhere in the uninterrupted run: their content differs",
+            "found nowhere in the uninterrupted run",
         ],
         "test_checkpoint_of_another_step": ["the checkpoint loaded is of step 5, not step 3"],
         "test_auto_off_sees_nothing": ["never recorded"],
+        # every input is new (other samples, the same noise): the loader's batches name the skip
+        "test_noised_batch_skipped": [
+            "data (the batches the DataLoader yielded, by content) after the resume",
+            "likely cause (data order): step 4: the batches the DataLoader yielded (auto:batch",
+            "the batch of step 4 was never consumed: step 4 consumed the batch of step 5",
+            "one batch was lost at the resume",
+        ],
     }
     for name, phrases in expected.items():
         section = section_of(text, name)
@@ -143,5 +168,6 @@ def test_a_trainer_with_no_plugin_line_is_tested_as_it_is(pytester):
         assert "computed differently after an exact resume" not in section, name
         causes = [line for line in section.splitlines() if "likely cause (" in line]
         assert all(line.count("Fix:") == 1 for line in causes), (name, causes)
+    assert "unaudited input" not in section_of(text, "test_noised_batch_skipped")
     augmented = section_of(text, "test_augmented_with_a_stream_not_restored")
     assert "never seen" not in augmented and "seen twice" not in augmented

@@ -112,16 +112,63 @@ def test_one_batch_repeated_mid_run():
     )
 
 
-def test_inputs_found_nowhere_are_other_content_not_samples_lost_or_repeated():
-    """A random augmentation after the sampler, drawn from another state: every input is new.
-    That is no order: no sample was never seen or seen twice."""
+def test_inputs_found_nowhere_are_not_counted_as_samples_lost_or_repeated():
+    """Every input new: no order of the same samples, so no sample was never seen or seen
+    twice. Not augmentation either by itself: other samples (ones the uninterrupted run had
+    not reached) make new inputs too, so the words say both."""
     res = by_content("resumed", 2, range(4, 7), lambda s: [i + 7 for i in inputs(s)])
     (item,) = account(BASE, res, 3, 6)
     assert item.content_differs and item.order_words() == ""
     text = item.text()
     assert "steps 4-6 consumed 12 inputs found nowhere in the uninterrupted run" in text
-    assert "their content differs" in text
+    assert "other samples (ones the uninterrupted run did not reach" in text
+    assert "or the same samples transformed otherwise" in text
+    assert "augmentation" not in text
     assert "never seen" not in text and "seen twice" not in text
+
+
+def test_a_reshuffle_in_a_test_shorter_than_an_epoch_is_counted_by_sample():
+    """The trial on HF's run_clm_no_trainer.py, 1 rank: 16 samples, batches of 2, steps=6 (12
+    samples reached); the resumed run drew another permutation, and one sample of its step 4
+    is one the uninterrupted run never reached. Samples moved and repeated: counted, never
+    called other content (the old words said "as by a random augmentation")."""
+    first = [3, 7, 1, 12, 9, 4, 15, 0, 6, 11, 2, 13, 5, 8, 10, 14]
+    again = [9, 14, 3, 11, 6, 0, 7, 2, 12, 15, 1, 4, 8, 5, 13, 10]
+    base = by_content("uninterrupted", 1, range(1, 7), lambda s: first[2 * s - 2 : 2 * s])
+    res = by_content("resumed", 1, range(4, 7), lambda s: again[2 * s - 8 : 2 * s - 6])
+    (item,) = account(base, res, 3, 6)
+    assert not item.content_differs and item.unknown_steps == [4]
+    text = item.text()
+    assert "samples never seen" in text and "seen twice or more" in text, text
+    assert "found nowhere" not in text and "augmentation" not in text and "transformed" not in text
+
+
+def test_the_loaders_batches_are_the_sample_ids_when_a_loader_was_seen():
+    """Noise added in the loop: the model's inputs are new at every step, the batches the
+    DataLoader yielded are the samples. Those are accounted, and name the batch skipped."""
+    from pytest_resume_equiv.compare.accounting import identity_keys
+
+    def run(phase, steps, shift):
+        values = [
+            (
+                s,
+                {
+                    "auto:data": [i + 7 * (phase == "resumed") for i in inputs(s)],
+                    "auto:batch": [i + 1 for i in inputs(s + shift)],
+                },
+            )
+            for s in steps
+        ]
+        return {0: sig(0, phase, values, 1)}
+
+    base, res = run("uninterrupted", range(1, 7), 0), run("resumed", range(4, 7), 1)
+    assert identity_keys(base) == ["auto:batch"]
+    (item,) = account(base, res, 3, 6)
+    assert item.key == "auto:batch" and not item.content_differs
+    assert item.text().startswith("data (the batches the DataLoader yielded, by content)")
+    assert item.order_words().startswith("the batch of step 4 was never consumed")
+    (exact,) = account(base, run("resumed", range(4, 7), 0), 3, 6)
+    assert exact.exact  # the noise differs, the samples do not
 
 
 def test_a_restart_keeps_its_replay_words():

@@ -5,6 +5,7 @@ several optimizers in one iteration, a step a GradScaler skipped, micro-batches,
 launch's numbering, explicit `record` calls beside the automatic values, and `auto=False`.
 """
 
+import copy
 import os
 
 import torch
@@ -475,6 +476,102 @@ def test_a_model_trained_in_eval_mode_is_found_with_its_modes(in_rank):
     values = sig.by_step()[1]
     assert "model" in sig.found and values["watch:model.modes"] == ["<root>", "body", "head"]
     assert "auto:data" not in values
+
+
+def _noised(steps, noise_seed=0, skip=0, prefetch=False):
+    """A DataLoader of 8 samples in batches of 2, noise added to each batch in the loop (a
+    diffusion trainer's latents): the model's inputs are not the samples."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=2)
+    noise = torch.Generator().manual_seed(noise_seed)
+    iterator = iter(loader)
+    for _ in range(skip):  # a resume's skip loop: batches yielded, never given to the model
+        next(iterator)
+    ahead = next(iterator) if prefetch else None
+    for _ in range(steps):
+        # accelerate's DataLoaderShard fetches one batch ahead of the one it hands over
+        (x,), ahead = (ahead, next(iterator, None)) if prefetch else (next(iterator), None)
+        noisy = x + torch.randn(x.shape, generator=noise)
+        model(noisy).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():  # an evaluation, with a loader's batch no training forward takes
+            model.eval()
+            model(next(iter(loader))[0])
+            model.train()
+
+
+def test_the_batches_a_loader_yielded_are_the_samples_whatever_the_loop_adds(in_rank):
+    """`auto:batch`: an id per sample of the batch the DataLoader yielded, the same ids the
+    model's inputs would get unchanged; the noise added in the loop changes the inputs
+    (`auto:data`), never the batch ids. Skipped and evaluation batches are not taken; a
+    loader that fetches ahead gives each step the batch fetched last, in every run alike."""
+    base = _run(in_rank, lambda: _noised(3))
+    other_noise = _run(in_rank, lambda: _noised(3, noise_seed=1), run_dir=base.path + ".n")
+    batch = [v["auto:batch"] for _, v in base.steps]
+    data = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    expected = [sample_ids(batch_parts([("0", data[2 * s : 2 * s + 2])])) for s in range(3)]
+    assert batch == expected
+    assert [v["auto:batch"] for _, v in other_noise.steps] == batch
+    assert [v["auto:data"] for _, v in other_noise.steps] != [v["auto:data"] for _, v in base.steps]
+    skipped = _run(in_rank, lambda: _noised(2, skip=1), run_dir=base.path + ".s")
+    assert [v["auto:batch"] for _, v in skipped.steps] == batch[1:]
+    ahead = _run(in_rank, lambda: _noised(3, prefetch=True), run_dir=base.path + ".p")
+    assert [v["auto:batch"] for _, v in ahead.steps] == batch[1:] + [
+        sample_ids(batch_parts([("0", data[6:8])]))
+    ]
+    # uninstalled with the rest: a loader outside a run is left as torch made it
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    assert not hasattr(_BaseDataLoaderIter.__next__, "__wrapped__")
+
+
+def _eval_then_train(saved, resume=False):
+    """nanoGPT's loop: at the top of every 3rd iteration an evaluation (eval mode, no_grad)
+    runs before the training forward; the state is saved after step 3's eval."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    start = 0
+    if resume:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        torch.set_rng_state(saved["rng"])
+        start = 3
+    for it in range(start, 5):
+        if it % 3 == 0:
+            model.eval()
+            with torch.no_grad():
+                model(torch.ones(2, 4))  # the evaluation: not the resume point
+            model.train()
+            if it == 3 and not resume:
+                saved.update(copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()}))
+                saved["rng"] = torch.get_rng_state()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_the_resume_point_is_the_first_training_forward_in_both_runs(in_rank, tmp_path):
+    """Both runs snapshot the same program point: the first training forward of step split+1
+    (an evaluation under no_grad before it is passed over in the resumed run as in the
+    uninterrupted one), with the objects named alike (the model found in both), so an exact
+    resume shows no difference there."""
+    saved = {}
+    base = _run(in_rank, lambda: _eval_then_train(saved), run_dir=tmp_path / "base")
+    res = _run(
+        in_rank,
+        lambda: _eval_then_train(saved, resume=True),
+        phase="resumed",
+        run_dir=tmp_path / "res",
+    )
+    a, b = base.resume_point(3), res.resume_point(3)
+    assert a["at"] == b["at"] and "first forward of Net" in a["at"]
+    assert sorted(a["watch"]) == sorted(b["watch"]) and "model.params" in str(sorted(b["watch"]))
+    assert a["watch"] == b["watch"] and a["rng"] == b["rng"]
 
 
 def test_resume_point_calls_mark_the_step_after_the_split(in_rank):

@@ -785,20 +785,32 @@ def inputs(step):
     return [1000 * step + k for k in range(4)]
 
 
-def auto_runs(res_inputs, res_steps=range(4, 7), res_rng=None, res_point=None):
-    """An exact resume point (the gate held), the resumed run given `res_inputs(step)`."""
+def auto_runs(res_inputs, res_steps=range(4, 7), res_rng=None, res_point=None, loaded=None):
+    """An exact resume point (the gate held), the resumed run given `res_inputs(step)`;
+    `loaded`: (the uninterrupted run's, the resumed run's) batches a DataLoader yielded."""
 
-    def values(batch, rng):
-        return lambda s: {"auto:loss": [s / 2], "auto:data": batch(s), "rng:cpu": rng(s)}
+    def values(batch, rng, yielded=None):
+        return lambda s: {
+            "auto:loss": [s / 2],
+            "auto:data": batch(s),
+            "rng:cpu": rng(s),
+            **({"auto:batch": yielded(s)} if yielded else {}),
+        }
 
+    base_loaded, res_loaded = loaded or (None, None)
     base = {
-        0: run("uninterrupted", range(1, 7), values(inputs, lambda s: f"c{s}"), points=[point()])
+        0: run(
+            "uninterrupted",
+            range(1, 7),
+            values(inputs, lambda s: f"c{s}", base_loaded),
+            points=[point()],
+        )
     }
     res = {
         0: run(
             "resumed",
             res_steps,
-            values(res_inputs, res_rng or (lambda s: f"c{s}")),
+            values(res_inputs, res_rng or (lambda s: f"c{s}"), res_loaded),
             points=[res_point or point(restores=1)],
             restores=[LOAD],
         )
@@ -823,15 +835,73 @@ def test_a_batch_lost_at_the_resume_is_named_from_the_inputs():
     assert "one batch was lost at the resume" in d.cause
 
 
-def test_new_inputs_with_every_stream_exact_name_the_unaudited_randomness_not_the_order():
-    """Inputs found nowhere in the uninterrupted run, every audited stream matching: not a
-    data-order bug; randomness the audit does not see (workers' seeds, a source of its own)."""
+def test_new_inputs_with_nothing_to_tell_samples_from_transforms_are_an_unknown_cause():
+    """Inputs found nowhere in the uninterrupted run, every audited stream matching, no loader
+    seen: other samples (another order, ones the uninterrupted run did not reach) and the same
+    samples transformed make them alike. Neither is named; the Fix says how to tell."""
     base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)])
     d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
-    assert d.bug_class == "unaudited input", d.cause
-    assert "DataLoader worker processes" in d.cause and d.cause.count("Fix:") == 1
+    assert d.bug_class == "unknown", d.cause
+    assert "other samples (another order, or ones the uninterrupted run did not reach" in d.cause
+    assert "or the same samples transformed otherwise" in d.cause
+    assert "the cause is unknown" in d.cause and d.cause.count("Fix:") == 1
+    assert "record each batch's sample ids" in d.cause.split("Fix:")[1]
     for wrong in ("never seen", "seen twice", "never consumed", "data order was not restored"):
         assert wrong not in d.cause
+
+
+def test_loaded_batches_that_match_name_the_change_after_loading():
+    """Noise added in the loop from a source the audit does not see: the batches the
+    DataLoader yielded are the uninterrupted run's, the model's inputs are not. The samples
+    were changed after loading: that, not their order, and not "unknown"."""
+    batches = (inputs, inputs)
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)], loaded=batches)
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "unaudited input", d.cause
+    assert "the batches the DataLoader yielded are the uninterrupted run's" in d.cause
+    assert "changed after loading" in d.cause and d.cause.count("Fix:") == 1
+
+
+def test_a_batch_skipped_under_noise_is_named_from_the_loaded_batches():
+    """A diffusion trainer: noise added to every batch in the loop, so every input of the
+    resumed run is new whatever its order. The batches the DataLoader yielded show the skip."""
+    batches = (inputs, lambda s: inputs(s + 1))
+    base, res = auto_runs(lambda s: [i + 7 for i in inputs(s + 1)], loaded=batches)
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order", d.cause
+    assert "the batches the DataLoader yielded (auto:batch" in d.cause
+    assert "the batch of step 4 was never consumed" in d.cause
+    assert "one batch was lost at the resume" in d.cause and d.cause.count("Fix:") == 1
+
+
+def test_batches_replayed_lead_over_a_stream_restored_then_advanced():
+    """HF Trainer with --ignore_data_skip: the RNG restored, then advanced by the resumed
+    epoch's iterator seed; the resumed epoch starts over, so steps 4-6 consume steps 1-3's
+    batches. A stream restored from the saved state replays no earlier data: the replay
+    leads, the advance is noted."""
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="trainer.py:30")
+    advanced = point(
+        rng={"cpu": "x"}, restores=2, draws=[("random_", "rng:cpu", "data_loader.py:572", 2)]
+    )
+    batches = (inputs, lambda s: inputs(s - 3))
+    base, res = auto_runs(
+        lambda s: inputs(s - 3), res_point=advanced, res_rng=lambda s: f"x{s}", loaded=batches
+    )
+    res[0].restores[:] = [LOAD, set_state]
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.bug_class == "data order", d.cause
+    assert "consumed at steps 4-6 the samples of steps 1-3, in order" in d.cause
+    assert "started the data over from an earlier place" in d.cause
+    assert d.cause.count("Fix:") == 1
+    assert any("restored (torch.set_rng_state" in n and "advanced by" in n for n in d.notes)
+    # a stream never restored does replay the data it drew: it stays the cause
+    base, res = auto_runs(
+        lambda s: inputs(s - 3),
+        res_point=point(rng={"cpu": "x"}, restores=1),
+        res_rng=lambda s: f"x{s}",
+        loaded=batches,
+    )
+    assert diagnose(compare_runs(base, res, SPLIT, 6), base, res).bug_class == "never restored"
 
 
 def test_new_inputs_from_a_stream_not_restored_blame_the_stream_and_note_the_effect():
@@ -910,7 +980,7 @@ def test_new_inputs_after_a_draw_before_the_restore_get_the_workers_lead():
     base, res = auto_runs(lambda s: [i + 7 for i in inputs(s)], res_point=drew)
     res[0].restores[:] = [LOAD, set_state]
     d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
-    assert d.bug_class == "unaudited input", d.cause
+    assert d.bug_class == "unknown", d.cause
     assert any(
         "drawn from (random_ at dataloader.py:9) before it was restored" in n for n in d.notes
     )

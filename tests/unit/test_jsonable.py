@@ -116,10 +116,10 @@ KEYS = {
     "TopologyFacts": "kind nproc data envelopes exact per_rank shared blind text",
     "Envelope": "key step deviation noise allowed",
     "DataAccount": "key missing fewer repeated twice from_earlier moved replayed epochs "
-    "batches unconsumed unknown unknown_steps alike first_different",
+    "batches unconsumed unknown unknown_steps alike first_different alien_steps",
     "DataFacts": "kind accounts text",
     "NoiseFacts": "kind source runs first_step spread relative unjudgeable",
-    "GateFacts": "kind status reference why differing compared at",
+    "GateFacts": "kind status reference why differing compared at how",
     "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
     "LoadedStep": "kind split found counters files",

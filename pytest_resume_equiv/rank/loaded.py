@@ -1,0 +1,95 @@
+"""The batches a torch DataLoader yields, seen where they leave the loader: the samples a step
+was given, told apart from what the trainer did to them afterwards.
+
+A model's inputs are not always the samples: a diffusion trainer adds noise to the latents in
+its loop, a trainer augments or masks a batch after the loader. Their content then says nothing
+of which samples they were, and a data-order bug looks like other content. The loader's own
+batch does: each sample is hashed as the model's inputs are (rank/auto.py `batch_parts`, one id
+per row of every batched tensor), from the batch the iterator returned.
+
+Every loader's iterator is a `torch.utils.data.dataloader._BaseDataLoaderIter` (the single- and
+multi-process ones, torchdata's `StatefulDataLoader`, whose `__next__` calls it): its `__next__`
+is where a batch is yielded, for a plain DataLoader, accelerate's `DataLoaderShard` (which
+iterates its base loader's iterator before moving the batch to the device), Lightning's and
+HF Trainer's loops.
+
+Which batch a step consumed: the batch yielded last before each outermost training forward,
+taken by that forward (a forward with no new batch since the last one takes none). So a
+loader that fetches one batch ahead (accelerate's) gives, at every step of every run, the one
+fetched ahead; a resume that skips batches by iterating them (a skip loop) takes only the one
+fetched last; an evaluation loader's batches are never taken by a training forward. Hashed
+only when taken (no cost for skipped or evaluation batches), in place: a CPU batch is read
+where it lies, a device batch is reduced on its device.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Optional
+
+ITER_MODULE = "torch.utils.data.dataloader"
+ITER_CLASS = "_BaseDataLoaderIter"
+
+
+def batch_tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """The tensors of a batch with where they were (`0`, `input_ids`, `0.x`): tuples, lists
+    and mappings (a dict, HF's `BatchEncoding`), in a stable order."""
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from batch_tensors(item, f"{path}.{i}" if path else str(i))
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            yield from batch_tensors(value[key], f"{path}.{key}" if path else str(key))
+
+
+class LoaderTap:
+    """Wraps `_BaseDataLoaderIter.__next__`: keeps the batch yielded last until a training
+    forward takes it (`take`)."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[Any] = None
+        """The batch yielded last and not yet taken (a reference, not a copy)."""
+        self.yielded = False
+        """A batch was yielded since the last `take` (None is a batch too)."""
+        self.seen = False
+        """Some loader yielded a batch in this process."""
+        self._owner: Optional[type] = None
+        self._original: Optional[Callable[..., Any]] = None
+
+    def install(self) -> None:
+        """Wrap the iterators' `__next__` (torch must be imported)."""
+        import importlib
+
+        owner = getattr(importlib.import_module(ITER_MODULE), ITER_CLASS, None)
+        original = getattr(owner, "__next__", None)
+        if owner is None or original is None or self._owner is not None:
+            return
+        tap = self
+
+        def __next__(iterator: Any) -> Any:
+            batch = original(iterator)
+            tap.pending, tap.yielded, tap.seen = batch, True, True
+            return batch
+
+        __next__.__wrapped__ = original  # type: ignore[attr-defined]
+        owner.__next__ = __next__  # type: ignore[method-assign]
+        self._owner, self._original = owner, original
+
+    def uninstall(self) -> None:
+        if self._owner is not None:
+            self._owner.__next__ = self._original  # type: ignore[method-assign]
+        self._owner = self._original = None
+        self.pending, self.yielded = None, False
+
+    def take(self) -> Optional[list[tuple[str, Any]]]:
+        """The tensors of the batch yielded since the last take (None: no batch yielded since,
+        or one with no tensor), released."""
+        if not self.yielded:
+            return None
+        batch, self.pending, self.yielded = self.pending, None, False
+        tensors = list(batch_tensors(batch))
+        return tensors or None
