@@ -181,14 +181,19 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
     if seeds:  # a seed drawn from the stream: a DataLoader iterator starting there
         own = (
             f"give the DataLoader started at {seeds[0]['at']} a generator of its own "
-            "(DataLoader(generator=g), g's state saved and restored)"
+            "(DataLoader(generator=g), seeded from (seed, epoch) at each epoch's start, or "
+            "its state from the epoch's start saved and restored: its state at the save does "
+            "not give the epoch's order back)"
         )
     # only seeds drawn (an iterator started, nothing else): its own generator is the fix
     fixes.insert(0 if seeds and len(seeds) == len(extra_draws) else 1, own)
     other_batch = _first_batch_differs(s)
     if other_batch is True:
+        # who drew decides the order: an iterator starting (its seed draws alone) explains
+        # other samples by itself, a prefetched batch comes after its fix
+        loader_only = bool(seeds) and len(seeds) == len(extra_draws)
         fixes.insert(
-            0,
+            1 if loader_only else 0,
             "if that code fetches the first batch, the batch prefetched before the save is "
             "not in the checkpoint (the first resumed step consumed other samples): save it "
             "with the checkpoint, or fetch each batch at the top of its own step",
