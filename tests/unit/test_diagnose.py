@@ -753,9 +753,10 @@ def test_an_optimizer_step_of_fewer_micro_batches_is_the_accumulation_counter(wi
     assert "gradient-accumulation micro-step counter" in d.cause
 
 
+@pytest.mark.parametrize("key", ["auto:data", "auto:batch"])
 @pytest.mark.parametrize("first_batch, prefetch_first", [(999, False), (50, True)])
 def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewhere(
-    first_batch, prefetch_first
+    first_batch, prefetch_first, key
 ):
     """Recorded automatically, the samples are told by their content: a first batch found
     nowhere in the uninterrupted run may be the same samples augmented from the advanced
@@ -764,11 +765,11 @@ def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewh
     set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
 
     def base_values(s):
-        return {"loss": s / 2, "rng:cpu": f"c{s}", "auto:data": [s * 10]}
+        return {"loss": s / 2, "rng:cpu": f"c{s}", key: [s * 10]}
 
     def res_values(s):
         data = [first_batch] if s == 4 else [s * 10 + 1]
-        return {"loss": s / 3, "rng:cpu": f"x{s}", "auto:data": data}
+        return {"loss": s / 3, "rng:cpu": f"x{s}", key: data}
 
     res = point(rng={"cpu": "x"}, restores=2, draws=[("randn", "rng:cpu", "train.py:33", 2)])
     d = diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
