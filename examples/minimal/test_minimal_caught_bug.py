@@ -25,4 +25,4 @@ def test_forgotten_cpu_rng_is_caught(resume_equiv):
     report = str(caught.value)
     print(report)
     assert "first divergence at step 4, rank 0" in report
-    assert "likely cause (never restored): rank 0: the CPU RNG" in report
+    assert "likely cause (never restored): ranks 0-1: the CPU RNG" in report

@@ -264,7 +264,8 @@ class DataAccount:
             n = len(self.unknown)
             parts.append(
                 f"{n} sample{'s' if n > 1 else ''} the uninterrupted run never consumed (at "
-                f"{_steps(self.unknown_steps)}, past its data)"
+                f"{_steps(self.unknown_steps)}: past its data, or samples it did not reach "
+                "within its steps)"
             )
         text = f"{name} after the resume: " + ", ".join(parts)
         if self.replayed and self._replay_is_all():
@@ -320,7 +321,8 @@ def _epochs(base: dict[int, Signature], res_steps: list[int], base_steps: list[i
 def _epochs_from_ids(base: StepIds, res_steps: list[int], base_steps: list[int]):
     """(epoch of the replayed steps, epoch of the resumed steps) from the data alone: an epoch
     is the steps of the uninterrupted run before its first sample comes back (every sample
-    once), when the whole run has epochs of that length."""
+    once), when the whole run has epochs of that length: each later one the same samples
+    again, each once (None otherwise: a trainer with no epochs gets none named)."""
     seen: set[int] = set()
     ordered = sorted(base)
     length = 0
@@ -331,6 +333,13 @@ def _epochs_from_ids(base: StepIds, res_steps: list[int], base_steps: list[int])
         length += 1
     if not length or length == len(ordered):
         return None
+    for start in range(length, len(ordered), length):
+        # every later epoch is the same samples again, each once: a sample that merely comes
+        # back (drawn with replacement, minGPT's sampler) makes no epochs
+        ids = [i for step in ordered[start : start + length] for i in base[step]]
+        whole = start + length <= len(ordered)
+        if len(set(ids)) != len(ids) or not set(ids) <= seen or (whole and set(ids) != seen):
+            return None
     first = ordered[0]
     was, now = (base_steps[0] - first) // length, (res_steps[0] - first) // length
     return (was, now) if was != now else None

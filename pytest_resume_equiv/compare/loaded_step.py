@@ -112,11 +112,11 @@ def loaded_step(
     for rank, sig in sorted(run.items()):
         counters = _telling((sig.loaded or {}).get("counters") or {}, reference.get(rank))
         counted = _counted_step(counters, reference.get(rank), split)
-        shift = _label_shift(sig, split, written)
+        of_split = _split_labels(sig, split, written)
         read = {
-            path: step + shift
+            path: split if label in of_split else label + (split - max(of_split or {split}))
             for path in _read_files(sig)
-            if (step := _step_of(path, written)) is not None
+            if (label := _step_of(path, written)) is not None
         }
         if counted in (None, split) and all(s == split for s in read.values()):
             continue
@@ -181,16 +181,18 @@ def _written(run: Run) -> list[tuple[str, int]]:
     return out
 
 
-def _label_shift(sig: Signature, split: int, written: list[tuple[str, int]]) -> int:
-    """How the writer labels its saves: a trainer that saves before its `record(step)` logs
-    the save of step N after step N-1. Read from the checkpoint the resume was pointed at
-    (the save of the split): 1 when it was written after step split-1 alone, else 0."""
+def _split_labels(sig: Signature, split: int, written: list[tuple[str, int]]) -> set[int]:
+    """The steps the writer's save log labels the save of the split with, read from the
+    checkpoint the resume was pointed at: the split, or split-1 for a trainer that saves
+    before its `record(step)` (some files of one save may be written before it, some after).
+    Empty when that checkpoint says nothing (none given, or a rolling path written after
+    other steps too): the labels are taken as they are."""
     given = ((sig.resume_point(split) or {}).get("checkpoint") or {}).get("path")
     if not given:
-        return 0
+        return set()
     real = os.path.realpath(given)
     labels = {a for t, a in written if t == real or _under(t, real) or _under(real, t)}
-    return 1 if labels == {split - 1} else 0
+    return labels if labels and labels <= {split - 1, split} else set()
 
 
 def _step_of(path: str, written: list[tuple[str, int]]) -> Optional[int]:

@@ -168,7 +168,10 @@ def wrong_mode(ev: Evidence) -> Optional[Diagnosis]:
 
 
 def state_at_resume(ev: Evidence) -> Optional[Diagnosis]:
-    """The first thing that differs at the resume point, explained by how it was restored."""
+    """The first thing that differs at the resume point, explained by how it was restored;
+    said of every rank where the same explanation holds word for word (`ranks 0-1`), not of
+    the first rank alone."""
+    found_on: list[tuple[int, Diagnosis]] = []
     for rank in sorted(ev.res_sigs):
         found_here = subjects(ev, rank)
         for subject in found_here:
@@ -181,8 +184,38 @@ def state_at_resume(ev: Evidence) -> Optional[Diagnosis]:
                         f"also different at the resume point on rank {rank}: "
                         + ", ".join(others[:6])
                     )
-                return found
-    return None
+                found_on.append((rank, found))
+                break
+    if not found_on:
+        return None
+    rank, found = found_on[0]
+    prefix = f"rank {rank}:"
+    if not found.cause.startswith(prefix):
+        return found
+    body = found.cause[len(prefix) :]
+    same = [rank] + [
+        r
+        for r, d in found_on[1:]
+        if d.bug_class == found.bug_class and d.cause == f"rank {r}:{body}"
+    ]
+    if len(same) > 1:
+        found.cause = ranks_words(same, sorted(ev.res_sigs)) + ":" + body
+    return found
+
+
+def ranks_words(ranks: list[int], every: list[int]) -> str:
+    """`ranks 0-1, 3`; `every rank` when that is all of more than two."""
+    if ranks == every and len(every) > 2:
+        return "every rank"
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][-1] + 1:
+            spans[-1].append(r)
+        else:
+            spans.append([r])
+    return "ranks " + ", ".join(
+        f"{span[0]}-{span[-1]}" if len(span) > 1 else str(span[0]) for span in spans
+    )
 
 
 RESUME_RULES = (other_checkpoint, checkpoint_rewritten, wrong_mode, state_at_resume)

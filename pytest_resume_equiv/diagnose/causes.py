@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Optional
 
-from ..compare.accounting import CONTENT_KEY, ids_of, is_identity_key
+from ..compare.accounting import BATCH_KEY, CONTENT_KEY, ids_of, is_identity_key
 from ..rank.layout import (
     GENERATOR,
     OWNED_BY,
@@ -181,14 +181,19 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
     if seeds:  # a seed drawn from the stream: a DataLoader iterator starting there
         own = (
             f"give the DataLoader started at {seeds[0]['at']} a generator of its own "
-            "(DataLoader(generator=g), g's state saved and restored)"
+            "(DataLoader(generator=g), seeded from (seed, epoch) at each epoch's start, or "
+            "its state from the epoch's start saved and restored: its state at the save does "
+            "not give the epoch's order back)"
         )
     # only seeds drawn (an iterator started, nothing else): its own generator is the fix
     fixes.insert(0 if seeds and len(seeds) == len(extra_draws) else 1, own)
     other_batch = _first_batch_differs(s)
     if other_batch is True:
+        # who drew decides the order: an iterator starting (its seed draws alone) explains
+        # other samples by itself, a prefetched batch comes after its fix
+        loader_only = bool(seeds) and len(seeds) == len(extra_draws)
         fixes.insert(
-            0,
+            1 if loader_only else 0,
             "if that code fetches the first batch, the batch prefetched before the save is "
             "not in the checkpoint (the first resumed step consumed other samples): save it "
             "with the checkpoint, or fetch each batch at the top of its own step",
@@ -210,28 +215,29 @@ def advanced_by_draws(s: Subject) -> Optional[Diagnosis]:
 def _first_batch_differs(s: Subject) -> Optional[bool]:
     """Whether the first resumed step consumed other samples than the uninterrupted run's
     (only then can a batch prefetched before the save have been lost); None when no sample ids
-    were recorded, or when only the inputs' content fingerprints were (`auto:data`) and none
-    of the first batch's is anywhere in the uninterrupted run: content drawn from the very
-    stream that differs (an augmentation) changes every sample, so other samples and the same
-    ones made otherwise cannot be told apart."""
+    were recorded, or when only content fingerprints were (the loader's batches `auto:batch`,
+    else the model's inputs `auto:data`) and none of the first batch's is anywhere in the
+    uninterrupted run: content drawn from the very stream that differs (an augmentation)
+    changes every sample, so other samples and the same ones made otherwise cannot be told
+    apart."""
     first = s.ev.split + 1
     ours = s.ev.res.get(s.rank, {}).get(first, {})
     theirs = s.ev.base.get(s.rank, {}).get(first, {})
     keys = [k for k in ours if is_identity_key(k)]
     if not keys:
         return None
-    # the trainer's own ids say which samples; the content fingerprints beside them also
-    # change when the same samples are augmented from the advanced stream
-    keys = [k for k in keys if k != CONTENT_KEY] or keys
-    if keys == [CONTENT_KEY] and ours[CONTENT_KEY] != theirs.get(CONTENT_KEY):
-        seen = {
-            i
-            for values in s.ev.base.get(s.rank, {}).values()
-            for i in ids_of(values.get(CONTENT_KEY)) or []
-        }
-        if not seen & set(ids_of(ours[CONTENT_KEY]) or []):
-            return None
-    return any(ours[k] != theirs.get(k) for k in keys)
+    # the trainer's own ids say which samples; content fingerprints also change when the
+    # same samples are augmented from the advanced stream
+    own = [k for k in keys if k not in (CONTENT_KEY, BATCH_KEY)]
+    if own:
+        return any(ours[k] != theirs.get(k) for k in own)
+    key = BATCH_KEY if BATCH_KEY in keys else CONTENT_KEY
+    if ours[key] == theirs.get(key):
+        return False
+    seen = {
+        i for values in s.ev.base.get(s.rank, {}).values() for i in ids_of(values.get(key)) or []
+    }
+    return True if seen & set(ids_of(ours[key]) or []) else None
 
 
 def _to_forward(point: Optional[dict]) -> Optional[dict]:

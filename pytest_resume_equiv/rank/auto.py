@@ -1,29 +1,30 @@
 """Automatic recording: the training itself, seen from inside the rank, with no call in the
 trainer.
 
-A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration
-is told apart by what happens between optimizer steps: the optimizer steps with no forward
-(of an outermost module in training mode) and no `backward()` between them make one step (a trainer
-that steps two optimizers one after the other, or one optimizer per parameter group, records
-one step); a forward or a backward after a step starts the next one. An optimizer that steps
-again with nothing between starts a new step too. A step that the trainer skipped (a
-`GradScaler` found inf/NaN gradients, so `optimizer.step` did not run) counts as a step and
-is recorded as skipped, so the steps after it keep their numbers. The step that DCP's
-`get_state_dict` / `set_state_dict` take to build a fresh optimizer's state (zero gradients,
-learning rates 0: `INIT_STATE_CALLERS`) is no step.
+A step is an optimizer step, counted by torch's global optimizer step hooks. An iteration is
+told apart by what happens between optimizer steps: the optimizer steps with no forward (of
+an outermost module in training mode, autograd on) and no `backward()` between them make one
+step (a trainer that steps two optimizers one after the other, or one optimizer per
+parameter group, records one step); a forward or a backward after a step starts the next
+one. An optimizer that steps again with nothing between starts a new step too. A step that
+the trainer skipped (a `GradScaler` found inf/NaN gradients, so `optimizer.step` did not
+run) counts as a step and is recorded as skipped, so the steps after it keep their numbers.
+The step that DCP's `get_state_dict` / `set_state_dict` take to build a fresh optimizer's
+state (zero gradients, learning rates 0: `INIT_STATE_CALLERS`) is no step.
 
 Recorded per step (written when the next iteration begins, or at the end of the run):
 `loss`, the value of every tensor `backward()` was called on since the last step
 (`Tensor.backward` and `torch.autograd.backward`, one per micro-batch); `data`, an id per
-sample given to the outermost module's forward in training mode (a module with parameters: a
-loss module is not the model): a hash of its row (dim 0) of every batched input tensor, with
-the other inputs whole, reduced on the device without a copy of the rows to the host. Ids per
-sample, not per micro-batch, so the global batch is accounted on any number of ranks
-(compare/accounting.py); `batch`, the same ids of the batch a DataLoader yielded for each
-micro-batch (rank/loaded.py: the samples, where the inputs are the samples changed in the
-loop, noised or augmented); `skipped` when no optimizer step ran. Every optimizer, LR
-scheduler and `GradScaler` built and the outermost trained modules are found here and audited
-as the watched objects are (rank/watch.py), under the names `Found.named` gives.
+sample given to the outermost module's forward in training mode with autograd on (a module
+with parameters: a loss module is not the model; a forward under no_grad trains nothing): a
+hash of its row (dim 0) of every batched input tensor, with the other inputs whole, reduced
+on the device without a copy of the rows to the host. Ids per sample, not per micro-batch,
+so the global batch is accounted on any number of ranks (compare/accounting.py); `batch`,
+the same ids of the batch a DataLoader yielded for each micro-batch (rank/loaded.py: the
+samples, where the inputs are the samples changed in the loop, noised or augmented);
+`skipped` when no optimizer step ran. Every optimizer, LR scheduler and `GradScaler` built
+and the outermost trained modules are found here and audited as the watched objects are
+(rank/watch.py), under the names `Found.named` gives.
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ class AutoRecorder:
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
         the counters its load restored there)."""
-        self.loaded: list[Any] = []
+        self.loaded_modules: list[Any] = []
         """Modules whose `load_state_dict` ran (a resumed run's model, before its first
         forward: `adopt_loaded`)."""
         self.taken: Optional[Callable[[int], None]] = None
@@ -383,7 +384,9 @@ class AutoRecorder:
 
         def pre_forward(module: Any, args: Any) -> None:
             self.depth += 1
-            if self.depth == 1 and module.training:
+            # a forward under no_grad (a loss logged, a teacher) trains nothing: no step
+            # begins there and its inputs are no training data, in training mode too
+            if self.depth == 1 and module.training and torch.is_grad_enabled():
                 self.boundary()
                 if _has_parameters(module):  # found before the resume point's snapshot
                     self.found.add("model", module)
@@ -395,7 +398,12 @@ class AutoRecorder:
         def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
             # the inputs are read here, where the global hook sees keyword arguments too
             self.depth = max(0, self.depth - 1)
-            if self.depth == 0 and module.training and _has_parameters(module):
+            if (
+                self.depth == 0
+                and module.training
+                and torch.is_grad_enabled()
+                and _has_parameters(module)
+            ):
                 given = [*_tensors(args), *_tensors(kwargs, "kw")]
                 if given:
                     self.counter.batch(batch_parts(given))
@@ -431,7 +439,9 @@ class AutoRecorder:
                 base, "__init__", lambda obj, *a, **k: self.found.add("lr_scheduler", obj)
             )
         self.calls.wrap(
-            nn_module.Module, "load_state_dict", lambda module, *a, **k: self.loaded.append(module)
+            nn_module.Module,
+            "load_state_dict",
+            lambda module, *a, **k: self.loaded_modules.append(module),
         )
         # every optimizer built, in the order built: a resumed run's snapshot at its first
         # forward sees them before they step
@@ -445,10 +455,10 @@ class AutoRecorder:
         its first forward: a resumed run's snapshot at `resume_point()`, called before the
         step's forward, audits it as the uninterrupted run's does (an EMA, loaded too, is
         no optimizer's)."""
-        for module in self.loaded:
+        for module in self.loaded_modules:
             if _has_parameters(module) and self._optimized(module):
                 self.found.add("model", module)
-        self.loaded = []
+        self.loaded_modules = []
 
     def _optimized(self, module: Any) -> bool:
         """Whether an optimizer built so far updates `module`'s first parameter (a module

@@ -278,7 +278,7 @@ CASES = [
         "27-persistent-worker-carry-over",
         "persistent_carry",
         "likely cause (skipped again)",
-        "the resumed run matched through step 3, then consumed the samples of step 6 (auto:data)",
+        "the resumed run matched through step 3, then consumed the samples of step 6 (auto:",
         "persistent dataloader worker",
         marker="nproc=1, steps=7, split=2",
         script="loaderzoo.py",
@@ -325,7 +325,6 @@ def _marker(args: str) -> str:
     given.setdefault("steps", "6")
     given.setdefault("split", "3")
     given.setdefault("rng_mutation", "False")  # a test of its own covers the teeth check
-    given.setdefault("auto", "True")  # no record calls (until auto is on by default)
     return ", ".join(f"{k}={v}" for k, v in given.items())
 
 

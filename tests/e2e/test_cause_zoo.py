@@ -77,7 +77,7 @@ CAUSES = {
     "unwatched": (
         "likely cause (computed differently after an exact resume)",
         "everything restored matched the uninterrupted run bit for bit at the resume point",
-        "the first resumed step computed differently (loss)",
+        "the first resumed step computed differently (auto:loss",
         "modules and buffers not given to watch()",
     ),
 }

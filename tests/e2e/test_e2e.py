@@ -75,7 +75,7 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     assert '<property name="resume_equiv_verdict" value="failed"' in junit
     assert '<property name="resume_equiv_launches" value="3"' in junit
     assert (
-        '<property name="resume_equiv_likely_cause" value="split 3: never restored: rank 0:'
+        '<property name="resume_equiv_likely_cause" value="split 3: never restored: ranks 0-1:'
         in junit
     )
     assert '<property name="resume_equiv_teeth_check" value="cancelled: the resume' in junit
@@ -89,7 +89,7 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
             "*keys that differ at step 4: rank 0: loss, weight, auto:data, auto:loss, rng:cpu, "
             "watch:model.params; rank 1: loss, weight, auto:data, auto:loss, rng:cpu, "
             "watch:model.params",
-            "*likely cause (never restored): rank 0: the CPU RNG (torch's default generator) was never restored (no set_rng_state call for it after the checkpoint was read)*torch.get_rng_state() / torch.set_rng_state()",
+            "*likely cause (never restored): ranks 0-1: the CPU RNG (torch's default generator) was never restored (no set_rng_state call for it after the checkpoint was read)*torch.get_rng_state() / torch.set_rng_state()",
             "recorded automatically: auto:data, auto:loss, watch:model",
             "*run directories (kept: --resume-equiv-keep=failed):*",
             "*rerun the resumed launch by hand:*",

@@ -22,7 +22,7 @@ def test_minimal_example(pytester):
     text = result.stdout.str()
     assert "split 3: equal on all 2 ranks over 3 steps" in text
     assert "split 3: first divergence at step 4, rank 0, key 'auto:" in text
-    assert "likely cause (never restored): rank 0: the CPU RNG (torch's default" in text
+    assert "likely cause (never restored): ranks 0-1: the CPU RNG (torch's default" in text
     # the trainer has no plugin line: all of it was recorded automatically
     assert "recorded automatically: auto:data, auto:loss, watch:lr_scheduler, watch:model" in text
     assert "pytest_resume_equiv" not in (EXAMPLES / "minimal" / "train.py").read_text()

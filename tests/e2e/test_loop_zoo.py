@@ -19,23 +19,23 @@ from pytest_resume_equiv import resume_equivalent
 def go(resume_equiv, bug):
     resume_equiv.run(["loopzoo.py"], checkpoint="{run_dir}/out", resume_args=[f"--bug={bug}"])
 
-@resume_equivalent(steps=6, split=3, auto=True, nproc=2)
+@resume_equivalent(steps=6, split=3, nproc=2)
 def test_exact(resume_equiv):
     go(resume_equiv, "none")
 
-@resume_equivalent(steps=6, split=3, auto=True, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_eval_redo(resume_equiv):
     go(resume_equiv, "eval_redo")
 
-@resume_equivalent(steps=6, split=3, auto=True, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_prefetch(resume_equiv):
     go(resume_equiv, "prefetch")
 
-@resume_equivalent(steps=6, split=3, auto=True, nproc=2, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, rng_mutation=False)
 def test_cpu_rng(resume_equiv):
     go(resume_equiv, "cpu_rng")
 
-@resume_equivalent(steps=6, split=3, auto=True, nproc=2, resume_nproc=1, rng_mutation=False)
+@resume_equivalent(steps=6, split=3, nproc=2, resume_nproc=1, rng_mutation=False)
 def test_fewer_ranks(resume_equiv):
     go(resume_equiv, "none")
 """

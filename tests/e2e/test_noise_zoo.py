@@ -18,7 +18,7 @@ CAUSES = {
     "optimizer_moments": ("likely cause", "'optimizer'", "at the resume point"),
     "owned_generator": ("the generator created at noisezoo.py:", "was never restored"),
     "cpu_rng": ("the CPU RNG (torch's default generator) was never restored",),
-    "scheduler": ("the LR scheduler 'scheduler' was never restored",),
+    "scheduler": ("the LR scheduler 'lr_scheduler' was never restored",),
 }
 CASES = [
     *[("unseeded", bug) for bug in CAUSES],

@@ -85,7 +85,7 @@ def test_two_nodes_through_slurm(trainers, cluster, monkeypatch):
     result.stdout.fnmatch_lines(
         [
             "*split 3: first divergence at step 4, rank 0 (node n[12]), key 'loss'*",
-            "*likely cause (never restored): rank 0: the CPU RNG*",
+            "*likely cause (never restored): ranks 0-1: the CPU RNG*",
             "*the torchrun launch (launch-1) timed out after 15s and was killed*",
             "*rank 0: still running at the timeout (killed); stuck in *trainers.py:* in "
             "hangs_in_collective",

@@ -140,7 +140,7 @@ def test_toy_dit_example_passes_and_its_resume_bugs_are_caught(pytester):
         part = line.split(f"rank {rank}: ")[1].split(";")[0]
         assert "noise" in part and "timestep_ids" in part, line
     assert (
-        "likely cause (never restored): rank 0: the generator created at toy/condition.py:"
+        "likely cause (never restored): ranks 0-1: the generator created at toy/condition.py:"
         in generator
     )
     assert "Fix: save and restore it, generator.get_state() / generator.set_state()" in generator

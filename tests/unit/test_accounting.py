@@ -140,6 +140,8 @@ def test_a_reshuffle_in_a_test_shorter_than_an_epoch_is_counted_by_sample():
     assert not item.content_differs and item.unknown_steps == [4]
     text = item.text()
     assert "samples never seen" in text and "seen twice or more" in text, text
+    assert "1 sample the uninterrupted run never consumed (at step 4: past its data, or " in text
+    assert "samples it did not reach within its steps)" in text
     assert "found nowhere" not in text and "augmentation" not in text and "transformed" not in text
 
 
@@ -188,3 +190,20 @@ def test_inputs_seen_at_several_steps_are_named_with_their_twin():
         "step 4 consumed the batch of step 3 again (the same inputs as step 6's)"
     )
     assert words.endswith("(the batches of steps 4-5, 7 were never consumed)")
+
+
+def test_samples_drawn_with_replacement_make_no_epochs():
+    """minGPT samples with replacement (no epochs): a sample that comes back at step 3 does
+    not make steps 1-2 an epoch, so a replay is named by its steps, never 'epoch 1'."""
+    drawn = {1: [1, 2], 2: [3, 4], 3: [5, 1], 4: [6, 7], 5: [8, 9], 6: [2, 10]}
+    base = run("uninterrupted", 1, range(1, 7), drawn.get)
+    restarted = {4: drawn[1], 5: drawn[2], 6: drawn[3]}  # started over, numbered from 4
+    (item,) = account(base, run("resumed", 1, range(4, 7), restarted.get), 3, 6)
+    assert item.replayed == ([4, 5, 6], [1, 2, 3]) and item.epochs is None
+    assert "epoch" not in item.text()
+    # the same samples again each epoch: epochs of 2 steps, named
+    epochs = {1: [1, 2], 2: [3, 4], 3: [4, 1], 4: [2, 3], 5: [3, 2], 6: [1, 4]}
+    base = run("uninterrupted", 1, range(1, 7), epochs.get)
+    restarted = {4: epochs[1], 5: epochs[2], 6: epochs[3]}
+    (item,) = account(base, run("resumed", 1, range(4, 7), restarted.get), 3, 6)
+    assert item.epochs == (0, 1)

@@ -223,9 +223,10 @@ def test_a_save_right_after_optimizer_step_n_is_logged_after_step_n(in_rank):
 
 
 def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_rank):
-    """The trainer's first `record` comes after an evaluation forward (in training mode),
-    which already completed the first automatic step: that automatic line is superseded by
-    the record's, which keeps what it saw; a resumed launch likewise."""
+    """The trainer's first `record` comes after an evaluation forward (in training mode,
+    autograd on: under no_grad it would be no training forward), which already completed the
+    first automatic step: that automatic line is superseded by the record's, which keeps what
+    it saw; a resumed launch likewise."""
 
     def train(first):
         torch.manual_seed(0)
@@ -235,8 +236,7 @@ def test_a_trainer_that_records_after_another_forward_records_each_step_once(in_
             model(torch.full((2, 4), float(step))).sum().backward()
             opt.step()
             opt.zero_grad()
-            with torch.no_grad():
-                model(torch.full((2, 4), -float(step)))
+            model(torch.full((2, 4), -float(step)))
             req.record(step, value=step)
 
     sig = _run(in_rank, lambda: train(1))
@@ -620,3 +620,25 @@ def test_a_resumed_run_audits_its_loaded_model_at_a_resume_point_before_any_forw
     point = sig.resume_point(3)
     assert point is not None and "model.params" in point["watch"]
     assert sig.found == ["model", "optimizer"]  # the EMA is no optimizer's
+
+
+def test_a_forward_under_no_grad_is_no_training_input(in_rank):
+    """A loss logged after the step under no_grad, the model still in training mode: no step
+    begins there and its inputs are not the next step's data (a resumed run, which did not
+    log the step before its first, would read other data at its first step)."""
+
+    def train(log):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if log:
+                with torch.no_grad():
+                    model(torch.full((3, 4), 7.0))
+
+    plain = _run(in_rank, lambda: train(False))
+    logged = _run(in_rank, lambda: train(True), run_dir=plain.path + ".logged")
+    assert [v["auto:data"] for _, v in logged.steps] == [v["auto:data"] for _, v in plain.steps]

@@ -753,9 +753,10 @@ def test_an_optimizer_step_of_fewer_micro_batches_is_the_accumulation_counter(wi
     assert "gradient-accumulation micro-step counter" in d.cause
 
 
+@pytest.mark.parametrize("key", ["auto:data", "auto:batch"])
 @pytest.mark.parametrize("first_batch, prefetch_first", [(999, False), (50, True)])
 def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewhere(
-    first_batch, prefetch_first
+    first_batch, prefetch_first, key
 ):
     """Recorded automatically, the samples are told by their content: a first batch found
     nowhere in the uninterrupted run may be the same samples augmented from the advanced
@@ -764,11 +765,11 @@ def test_content_fingerprints_blame_a_lost_prefetch_only_for_samples_seen_elsewh
     set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
 
     def base_values(s):
-        return {"loss": s / 2, "rng:cpu": f"c{s}", "auto:data": [s * 10]}
+        return {"loss": s / 2, "rng:cpu": f"c{s}", key: [s * 10]}
 
     def res_values(s):
         data = [first_batch] if s == 4 else [s * 10 + 1]
-        return {"loss": s / 3, "rng:cpu": f"x{s}", "auto:data": data}
+        return {"loss": s / 3, "rng:cpu": f"x{s}", key: data}
 
     res = point(rng={"cpu": "x"}, restores=2, draws=[("randn", "rng:cpu", "train.py:33", 2)])
     d = diagnosis(point(), res, [LOAD, set_state], base_values, res_values)
@@ -984,3 +985,61 @@ def test_new_inputs_after_a_draw_before_the_restore_get_the_workers_lead():
     assert any(
         "drawn from (random_ at dataloader.py:9) before it was restored" in n for n in d.notes
     )
+
+
+def _never_restored_on(ranks, differ_on):
+    """`ranks` ranks resumed with the CPU RNG never restored on the ranks `differ_on`."""
+    base = {
+        r: run(
+            "uninterrupted",
+            range(1, 7),
+            lambda s, r=r: {"loss": 1.0 + s, "rng:cpu": f"r{r}s{s}"},
+            rank=r,
+            points=[point(rng={"cpu": f"r{r}"})],
+        )
+        for r in range(ranks)
+    }
+    res = {
+        r: run(
+            "resumed",
+            range(4, 7),
+            lambda s, r=r: {"loss": 2.0 + s, "rng:cpu": f"x{r}s{s}"},
+            rank=r,
+            points=[point(rng={"cpu": f"x{r}" if r in differ_on else f"r{r}"}, restores=2)],
+            restores=[SEED, LOAD],
+        )
+        for r in range(ranks)
+    }
+    return diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+
+
+def test_a_cause_that_holds_on_several_ranks_names_them_all():
+    """nanoGPT on 2 ranks: neither rank restores its CPU RNG; the cause is not rank 0's alone."""
+    d = _never_restored_on(2, {0, 1})
+    assert d.bug_class == "never restored"
+    assert d.cause.startswith("ranks 0-1: the CPU RNG (torch's default generator) was never")
+    assert _never_restored_on(4, {0, 1, 2, 3}).cause.startswith("every rank: the CPU RNG")
+    assert _never_restored_on(4, {0, 1, 3}).cause.startswith("ranks 0-1, 3: the CPU RNG")
+    assert _never_restored_on(2, {0}).cause.startswith("rank 0: the CPU RNG")
+
+
+def test_a_loader_iterators_seed_draws_put_its_generator_before_the_prefetch_theory():
+    """HF no_trainer on one process: the resumed epoch's DataLoader iterator drew its seeds
+    from the restored CPU RNG (random_ of shape []), and the first batch differs. Who drew is
+    the iterator, so its own generator is the first fix; the prefetch idea comes after."""
+    seed = {"op": "random_", "stream": "rng:cpu", "after_restores": 2, "shape": []}
+    res = point(rng={"cpu": "x"}, restores=2)
+    res["draws"] = [{**seed, "at": "data_loader.py:572"}, {**seed, "at": "data_loader.py:1327"}]
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    d = diagnosis(
+        point(),
+        res,
+        [LOAD, set_state],
+        lambda s: {"loss": s / 2, "rng:cpu": f"c{s}", "ids": [s]},
+        lambda s: {"loss": s / 3, "rng:cpu": f"x{s}", "ids": [s + 10]},
+    )
+    assert d.bug_class == "restored then advanced"
+    fix = d.cause.split("Fix: ", 1)[1]
+    assert fix.startswith("give the DataLoader started at data_loader.py:572 a generator")
+    assert fix.index("generator of its own") < fix.index("prefetched") < fix.index("after that")
+    assert d.cause.count("Fix:") == 1

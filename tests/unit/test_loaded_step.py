@@ -86,6 +86,9 @@ def test_a_save_logged_before_its_record_is_read_by_the_given_checkpoints_label(
     assert loaded_step(writer(early), resumed([SAVES[3]]), 3) is None
     found = loaded_step(writer(early), resumed([SAVES[5]]), 3)
     assert found is not None and found.files == {"0": {SAVES[5]: 5}}
+    # one save written across its record: the model before it, the optimizer after
+    split_save = writer({2: SAVES[3], 3: f"{CKPT}/step_3/optim.pt", 4: SAVES[5]})
+    assert loaded_step(split_save, resumed([SAVES[3], f"{CKPT}/step_3/optim.pt"]), 3) is None
 
 
 def test_a_rolling_path_is_of_its_last_save_and_a_folder_of_the_saves_in_it():

@@ -14,6 +14,10 @@ owns a `torch.Generator`. The noise, as GPUs and NPUs make it:
 Bugs (`--bug`, on the load path: the resumed launch only): `optimizer_moments` (moments
 zeroed after the load), `owned_generator` (the condition model's generator not restored),
 `cpu_rng` (the CPU RNG not restored), `scheduler` (the LR scheduler not restored).
+
+No `record` or `watch` call: the plugin records every optimizer step (the loss of each
+micro-batch's backward, the inputs, the model, optimizer and scheduler) on its own;
+`req.context()` is how it reads its launch arguments.
 """
 
 import os
@@ -94,7 +98,6 @@ def train(ctx):
         if BUG != "owned_generator":
             cond.generator.set_state(state["cond_rng"])
         start = state["step"] + 1
-    req.watch(model=model, optimizer=opt, scheduler=sched)
     scale = {"unseeded": 1e-7, "coarse": 1e-3}.get(NOISE, 0.0)
     for step in range(start, ctx.steps + 1):
         micro = [torch.randn(4, 4) + cond.noise((4, 4)) * 0.1 for _ in range(MICRO)]
@@ -106,10 +109,9 @@ def train(ctx):
             p.grad = g / world
         opt.step()
         sched.step()
-        with torch.no_grad():
+        with torch.no_grad():  # the loss after the step, logged (under no_grad: no input)
             loss = sum(model(x).pow(2).mean() for x in micro) / MICRO
         dist.all_reduce(loss)
-        req.record(step, loss=loss.item() / world, lr=sched.get_last_lr()[0])
         if ctx.should_save(step):
             path = ctx.checkpoint_for(step)
             os.makedirs(path, exist_ok=True)
