@@ -264,7 +264,8 @@ class DataAccount:
             n = len(self.unknown)
             parts.append(
                 f"{n} sample{'s' if n > 1 else ''} the uninterrupted run never consumed (at "
-                f"{_steps(self.unknown_steps)}, past its data)"
+                f"{_steps(self.unknown_steps)}: past its data, or samples it did not reach "
+                "within its steps)"
             )
         text = f"{name} after the resume: " + ", ".join(parts)
         if self.replayed and self._replay_is_all():

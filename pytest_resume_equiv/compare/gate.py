@@ -100,8 +100,9 @@ class GateFacts:
             was = "was" if len(names) == 1 else "were"
             clauses.append(
                 {
-                    NOTHING_RESTORED: "the resumed run restored nothing before this point "
-                    f"(no load, no restore call in its log): {listed} {was} never restored",
+                    NOTHING_RESTORED: "the resumed run's restore log holds no load and no "
+                    "restore call before this point (seeding at most): nothing was restored, "
+                    f"and {listed} {was} never restored",
                     NEVER_RESTORED: f"{listed} {was} never restored (no restore call names "
                     f"{'it' if len(names) == 1 else 'them'} before this point)",
                     ADVANCED: f"{listed} {was} restored and then advanced by random draws "
@@ -152,7 +153,7 @@ RESTORE_EVIDENCE = (
 
 def restore_evidence(res: Signature, point: dict[str, Any], base: dict[str, Any], key: str) -> str:
     """What the resumed run's restore log (up to its resume point `point`) says of a
-    differing item: no entry at all (`NOTHING_RESTORED`); none that names it
+    differing item: no entry but seeding (`NOTHING_RESTORED`: a restart); none that names it
     (`NEVER_RESTORED`; `UNKNOWN` for a watched object after a load that writes in place,
     DCP's, which restores unlogged); a random stream drawn from after its last restore
     (`ADVANCED`), or not, while the uninterrupted run drew from it before its own snapshot
@@ -161,7 +162,7 @@ def restore_evidence(res: Signature, point: dict[str, Any], base: dict[str, Any]
     log does not say. Seeding counts as a restore only after
     the first load (seeding at the start is initialisation)."""
     log = res.restores[: point.get("restores", len(res.restores))]
-    if not log:
+    if all(is_seed(e["call"]) for e in log):  # seeding with no load is initialisation
         return NOTHING_RESTORED
     subject = subject_of(key)
     first_load = next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))

@@ -140,6 +140,8 @@ def test_a_reshuffle_in_a_test_shorter_than_an_epoch_is_counted_by_sample():
     assert not item.content_differs and item.unknown_steps == [4]
     text = item.text()
     assert "samples never seen" in text and "seen twice or more" in text, text
+    assert "1 sample the uninterrupted run never consumed (at step 4: past its data, or " in text
+    assert "samples it did not reach within its steps)" in text
     assert "found nowhere" not in text and "augmentation" not in text and "transformed" not in text
 
 

@@ -35,6 +35,8 @@ def test_what_the_restore_log_shows_of_each_differing_item():
     assert restore_evidence(_res(SEED, LOAD, MODEL), point, {}, "rng:cpu") == NEVER_RESTORED
     assert restore_evidence(_res(), {"draws": []}, {}, "rng:cpu") == NOTHING_RESTORED
     assert restore_evidence(_res(), {}, {}, "watch:model.params") == NOTHING_RESTORED
+    # minGPT with no resume: it seeds at the start and loads nothing
+    assert restore_evidence(_res(SEED), {"restores": 1}, {}, "rng:cpu") == NOTHING_RESTORED
     restored = _res(LOAD, MODEL, SET_RNG)
     drawn = {"restores": 3, "draws": [{**DRAW, "after_restores": 3}]}
     assert restore_evidence(restored, drawn, {}, "rng:cpu") == ADVANCED
@@ -65,8 +67,8 @@ def test_the_gate_line_says_what_the_evidence_shows():
     assert "other than what was saved" not in line
     nothing = {"0": {"rng:cpu": NOTHING_RESTORED, "watch:model.params": NOTHING_RESTORED}}
     line = _line({"0": ["rng:cpu", "watch:model.params"]}, nothing)
-    assert line.startswith("the resumed run restored nothing before this point")
-    assert "rng:cpu, watch:model were never restored" in line
+    assert line.startswith("the resumed run's restore log holds no load and no restore call")
+    assert "nothing was restored, and rng:cpu, watch:model were never restored" in line
     advanced = {"0": {"rng:cpu": ADVANCED, "rng:generator a.py:3 #0": ADVANCED}}
     line = _line({"0": ["rng:cpu", "rng:generator a.py:3 #0"]}, advanced)
     assert line.startswith("rng:cpu, rng:generator a.py:3 #0 were restored and then advanced")
