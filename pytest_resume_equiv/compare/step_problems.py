@@ -73,6 +73,16 @@ def _order_problems(sig: Signature, run: str) -> list[StepProblem]:
     return problems
 
 
+NOTHING = (
+    ": it recorded no step at all. A step is recorded at each torch optimizer step "
+    "(automatic recording, on unless auto=False or --resume-equiv-auto=off) and at each "
+    "pytest_resume_equiv.record(step, ...) call; this trainer made neither (auto off, or an "
+    "optimizer that is no torch.optim.Optimizer: call record(), docs/guides/recording-more.md)"
+)
+"""Why a run that recorded nothing recorded nothing (a trainer tested with auto=False and
+no record call looked as if only its later steps were missing)."""
+
+
 def step_problems(
     rank: int, base: Signature, resumed: Signature, split: int, steps: int
 ) -> list[StepProblem]:
@@ -87,7 +97,7 @@ def step_problems(
                 rank,
                 tuple(base_missing),
                 f"rank {rank}: the uninterrupted run never recorded {steps_text(base_missing)} "
-                f"(it must record every step 1-{steps})",
+                f"(it must record every step 1-{steps})" + (NOTHING if not base.steps else ""),
             )
         )
     if got != expected:

@@ -128,6 +128,12 @@ def test_shifted_missing_extra_duplicate_out_of_order():
         == "rank 0: the uninterrupted run never recorded steps 5-6 (it must record every step 1-6)"
     )
 
+    empty = compare_runs(run("uninterrupted", []), run("resumed", []), 3, 6)
+    message = empty.problems[0].message
+    assert message.startswith("rank 0: the uninterrupted run never recorded steps 4-6")
+    assert "recorded no step at all" in message and "auto=False" in message
+    assert "at all" not in base_short.problems[0].message
+
 
 def test_missing_rank_and_missing_key():
     base = run("uninterrupted", range(1, 7))
