@@ -30,7 +30,6 @@ and the outermost trained modules are found here and audited as the watched obje
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -41,7 +40,7 @@ from .fingerprint import (
     hash_bytes,
     local_shard,
 )
-from .loaded import LoaderTap
+from .loaded import LoaderTap, batch_tensors
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -176,19 +175,6 @@ def _initialising_state() -> bool:
 
 def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
-
-
-def _tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """The tensors in a forward's arguments, with where they were (`0`, `x`, `0.ids`)."""
-    torch = sys.modules["torch"]
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}.{i}" if path else str(i))
-    elif isinstance(value, dict):
-        for key in sorted(value, key=str):
-            yield from _tensors(value[key], f"{path}.{key}" if path else str(key))
 
 
 def _fingerprint(tensor: Any) -> Fingerprint:
@@ -404,7 +390,7 @@ class AutoRecorder:
                 and torch.is_grad_enabled()
                 and _has_parameters(module)
             ):
-                given = [*_tensors(args), *_tensors(kwargs, "kw")]
+                given = [*batch_tensors(args, mapping=dict), *batch_tensors(kwargs, "kw", dict)]
                 if given:
                     self.counter.batch(batch_parts(given))
                 loaded = self.loader.take()

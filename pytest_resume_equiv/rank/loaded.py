@@ -32,18 +32,19 @@ ITER_MODULE = "torch.utils.data.dataloader"
 ITER_CLASS = "_BaseDataLoaderIter"
 
 
-def batch_tensors(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+def batch_tensors(value: Any, path: str = "", mapping: type = Mapping) -> Iterator[tuple[str, Any]]:
     """The tensors of a batch with where they were (`0`, `input_ids`, `0.x`): tuples, lists
-    and mappings (a dict, HF's `BatchEncoding`), in a stable order."""
+    and mappings (a dict, HF's `BatchEncoding`), in a stable order. A forward's arguments are
+    read with `mapping=dict` (rank/auto.py): only plain dicts are opened there."""
     torch = sys.modules["torch"]
     if isinstance(value, torch.Tensor):
         yield path, value
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from batch_tensors(item, f"{path}.{i}" if path else str(i))
-    elif isinstance(value, Mapping):
+            yield from batch_tensors(item, f"{path}.{i}" if path else str(i), mapping)
+    elif isinstance(value, mapping):
         for key in sorted(value, key=str):
-            yield from batch_tensors(value[key], f"{path}.{key}" if path else str(key))
+            yield from batch_tensors(value[key], f"{path}.{key}" if path else str(key), mapping)
 
 
 class LoaderTap:
