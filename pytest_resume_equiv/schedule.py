@@ -101,9 +101,21 @@ class Scheduler:
                 if not self.loop_once(on_done):
                     time.sleep(self.poll_interval)
         finally:
-            for job in self.jobs:
-                if job.handle is not None:
-                    job.handle.kill()
+            self._kill_started()
+
+    def _kill_started(self) -> None:
+        """Kill every started launch. A second Ctrl-C cuts one kill's wait short, never the
+        kills of the launches after it; it is raised once all were killed."""
+        second: Optional[BaseException] = None
+        for job in self.jobs:
+            if job.handle is None:
+                continue
+            try:
+                job.handle.kill()
+            except KeyboardInterrupt as exc:
+                second = exc
+        if second is not None:
+            raise second
 
     def loop_once(self, on_done: OnDone) -> bool:
         """One turn: start, open gates, report progress, dispatch finished launches.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -97,13 +98,16 @@ class ForkServer:
         self.lock = threading.Lock()
         self.ready = False
         """Its first line has been read: it imported everything and serves."""
+        self.owed = 0
+        """Answers to requests sent whose reading was interrupted (Ctrl-C, SIGTERM): read
+        and dropped before the next request, so each answer goes to its own request."""
+        self._unread = b""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", FORK_SERVER, *preload],
             env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
             start_new_session=True,
             preexec_fn=_die_with_pytest,
         )
@@ -156,35 +160,57 @@ class ForkServer:
         cls.refused.clear()
 
     def _read(self, timeout: float) -> dict[str, Any]:
+        """The server's next line, waiting `timeout` seconds at most: never a blocking read,
+        so an interrupt or a server that stopped answering cannot hold pytest."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        line = ""
-        while not line:
-            if time.monotonic() > deadline:
+        while b"\n" not in self._unread:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise ResumeEquivError(
                     f"the fork server did not answer in {timeout:.0f}s; run with "
                     "--resume-equiv-fork-server=off to start every rank plainly"
                 )
-            line = self.proc.stdout.readline()  # what it wrote before it left counts too
-            if not line and self.proc.poll() is not None:
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
+            chunk = os.read(self.proc.stdout.fileno(), 65536) if ready else None
+            if chunk == b"":  # what it wrote before it left was read first
                 raise ResumeEquivError(
-                    f"the fork server did not answer (exit status {self.proc.poll()}); "
+                    f"the fork server did not answer (exit status {self.proc.wait()}); "
                     "run with --resume-equiv-fork-server=off to start every rank plainly"
                 )
+            self._unread += chunk or b""
+        line, self._unread = self._unread.split(b"\n", 1)
         return json.loads(line)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
         with self.lock:
+            self._settle()
             try:
-                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
                 self.proc.stdin.flush()
             except OSError as exc:
                 raise ResumeEquivError(f"the fork server has gone: {exc}") from exc
+            self.owed += 1
             answer = self._read(30.0)
+            self.owed -= 1
         if "error" in answer:
             raise ResumeEquivError(f"the fork server: {answer['error']}")
         return answer
+
+    def _settle(self) -> None:
+        """Drop the answers of requests whose reading an interrupt cut short. An interrupt
+        between reading a line and counting it leaves one owed that never comes: the short
+        wait ends that."""
+        while self.owed > 0:
+            try:
+                self._read(0.5)
+            except ResumeEquivError:
+                if self.proc.poll() is not None:
+                    raise
+                self.owed = 0
+                return
+            self.owed -= 1
 
     def stop(self) -> None:
         """Close its stdin: it kills what it forked that still runs, and leaves."""
@@ -198,6 +224,14 @@ class ForkServer:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def kill_process(pid: int) -> None:
+    """SIGKILL a started process and its process group: a rank leads a group of its own once
+    it has called setsid(), which one forked a moment ago may not have done yet."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
 
 
 def _die_with_pytest() -> None:
@@ -270,18 +304,23 @@ class Forked(Agents):
     def start(self, spec: LaunchSpec, env: dict[str, str], logs: list[str]) -> list[ForkedRank]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(store_port_path(spec.run_dir))
-        ranks = []
-        for rank, log in enumerate(logs):
-            answer = self.server.ask(
-                {
-                    "op": "fork",
-                    "argv": spec.target.argv(),
-                    "env": {**env, **rank_env(spec, rank)},
-                    "cwd": os.path.abspath(spec.cwd or os.getcwd()),
-                    "log": log,
-                }
-            )
-            ranks.append(ForkedRank(self.server, int(answer["pid"])))
+        ranks: list[ForkedRank] = []
+        try:
+            for rank, log in enumerate(logs):
+                answer = self.server.ask(
+                    {
+                        "op": "fork",
+                        "argv": spec.target.argv(),
+                        "env": {**env, **rank_env(spec, rank)},
+                        "cwd": os.path.abspath(spec.cwd or os.getcwd()),
+                        "log": log,
+                    }
+                )
+                ranks.append(ForkedRank(self.server, int(answer["pid"])))
+        except BaseException:  # Ctrl-C between two forks: the ranks forked so far go too
+            for forked in ranks:
+                kill_process(forked.pid)
+            raise
         return ranks
 
     def exitcodes(self, returncodes: list[Optional[int]]) -> dict[int, int]:

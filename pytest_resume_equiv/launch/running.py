@@ -30,7 +30,7 @@ from ..rank.layout import (
     request_stacks,
 )
 from .agents import BOOTSTRAP
-from .forked import FORK_SERVER, Forked, agents_for
+from .forked import FORK_SERVER, Forked, agents_for, kill_process
 from .rank_exits import RankOutcome, rank_outcomes
 from .spec import LaunchSpec, Target, default_env
 from .stacks import py_spy_dump
@@ -155,14 +155,23 @@ def dump_stacks(run_dir: str, by_file: bool = False) -> None:
                     os.kill(pid, signal.SIGUSR1)
 
 
+KILL_WAIT = 10.0
+"""Seconds, for all of a launch's agents together, that a kill waits for them to exit."""
+
+
 def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
-    """Kill the agents' process groups and every rank's own group; wait for the agents."""
+    """Kill the agents' process groups and every rank's own group; wait for the agents, for
+    KILL_WAIT seconds in all (what a kill leaves, the fork server or the parent-death signal
+    ends with pytest)."""
     ranks = [pid for pid in read_pids(run_dir).values() if _is_our_rank(pid)]
-    for pgid in [*ranks, *(proc.pid for proc in procs)]:  # all at once: no rank outlives
-        _signal_group(pgid, signal.SIGKILL)  # a peer long enough to report it gone
+    for pgid in ranks:  # all at once: no rank outlives a peer long enough to report it gone
+        _signal_group(pgid, signal.SIGKILL)
+    for proc in procs:
+        kill_process(proc.pid)
+    deadline = time.monotonic() + KILL_WAIT
     for proc in procs:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
 

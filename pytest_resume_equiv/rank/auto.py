@@ -381,9 +381,15 @@ class AutoRecorder:
                 # what the audit must show; its inputs stay out of the data (an evaluation)
                 self.found.add("model", module)
 
-        def post_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-            # the inputs are read here, where the global hook sees keyword arguments too
+        def post_forward(module: Any, args: Any, *rest: Any) -> None:
+            # the inputs are read here, where the global hook sees keyword arguments too;
+            # a forward that raised calls this always-called hook as (module, args, None),
+            # without its keyword arguments: the depth unwinds, nothing is recorded, and the
+            # trainer's own exception goes on untouched
             self.depth = max(0, self.depth - 1)
+            if len(rest) != 2:
+                return
+            kwargs = rest[0]
             if (
                 self.depth == 0
                 and module.training

@@ -642,3 +642,46 @@ def test_a_forward_under_no_grad_is_no_training_input(in_rank):
     plain = _run(in_rank, lambda: train(False))
     logged = _run(in_rank, lambda: train(True), run_dir=plain.path + ".logged")
     assert [v["auto:data"] for _, v in logged.steps] == [v["auto:data"] for _, v in plain.steps]
+
+
+class Fails(torch.nn.Module):
+    """A model whose forward raises on a batch with a NaN in it (a trainer's own check)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x):
+        if torch.isnan(x).any():
+            raise ValueError("NaN in the batch")
+        return self.net(x)
+
+
+def test_a_forward_that_raises_reaches_the_trainer_untouched_with_no_warning(in_rank):
+    """torch calls an always-called global forward hook without the keyword arguments when the
+    forward raised: the recorder's hook must take that call, say nothing, and leave the
+    trainer's exception as it was; the steps around it are recorded as usual."""
+    import warnings
+
+    def train():
+        torch.manual_seed(0)
+        model = Fails()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        caught = []
+        for step in range(3):
+            x = torch.randn(2, 4)
+            if step == 1:
+                try:
+                    model(torch.full((2, 4), float("nan")))
+                except ValueError as exc:  # the trainer skips the bad batch
+                    caught.append(str(exc))
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert caught == ["NaN in the batch"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the hook's "raised an exception ... silenced" warning
+        sig = _run(in_rank, train)
+    assert [s for s, _ in sig.steps] == [1, 2, 3]
+    assert all(len(v["auto:data"]) == 2 for _, v in sig.steps)  # the failed forward's: none
