@@ -323,6 +323,14 @@ class ResumeLike(Check):
         lines = [line for item in verdict.every_fact for line in item.lines(verdict.label)]
         lines.append(format_comparison(cmp, verdict.label))
         div = cmp.divergence
+        if verdict.failed and div is None and not cmp.problems:
+            # the steps matched and the verdict failed all the same: never "equal" alone
+            failed = [
+                f.words()
+                for f in verdict.every_fact
+                if getattr(f, "failed", False) and hasattr(f, "words")
+            ]
+            lines[-1] += ", but the test fails: " + ("; ".join(failed) or "see above")
         if verdict.values_match and div is not None:
             lines.append(
                 f"  every value you recorded matches through step {cmp.steps}; the audited "

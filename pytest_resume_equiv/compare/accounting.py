@@ -19,13 +19,14 @@ out. The same words hold when the resumed run has another number of ranks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..rank.layout import AUTO, TENSOR_TAG, audit_key, watched_part
 from ..signature import Signature
 from .step_problems import step_ranges
+from .tolerance import ignored
 
 StepIds = dict[int, list[int]]
 """step -> the ids consumed at that step, every rank's in rank order."""
@@ -281,12 +282,19 @@ class DataAccount:
 
 
 def account(
-    base: dict[int, Signature], res: dict[int, Signature], split: int, steps: int
+    base: dict[int, Signature],
+    res: dict[int, Signature],
+    split: int,
+    steps: int,
+    ignore: Sequence[str] = (),
 ) -> list[DataAccount]:
-    """One account per identity key both runs recorded (none when no ids were recorded)."""
+    """One account per identity key both runs recorded (none when no ids were recorded), but
+    for keys an `ignore=` pattern names."""
     after = range(split + 1, steps + 1)
     found = []
     for key in identity_keys(base):
+        if ignored(key, ignore):
+            continue
         ours = global_ids(res, key, after)
         theirs = global_ids(base, key, range(1, steps + 1))
         if ours is None or theirs is None:

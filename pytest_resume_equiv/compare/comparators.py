@@ -102,7 +102,7 @@ class Exact:
             strict_latent=rules.strict_latent,
         )
         if split and not user_only:
-            cmp.facts.append(DataFacts(account(reference, run, split, rules.steps)))
+            cmp.facts.append(DataFacts(account(reference, run, split, rules.steps, rules.ignore)))
         cmp.how = self.how()
         return cmp
 

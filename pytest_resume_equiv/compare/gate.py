@@ -225,7 +225,7 @@ def _rank_gate(
     keys = [k for k in sorted(set(x) | set(y)) if not ignored(k, names)]
     base_steps, res_steps = ref.by_step(), res.by_step()
     first = res_steps.get(split + 1, {})
-    ids = [k for k in first if is_identity_key(k)]
+    ids = [k for k in first if is_identity_key(k) and not ignored(k, names)]
     differing = [
         k
         for k in keys

@@ -80,7 +80,7 @@ def consumed_data(ev: Evidence) -> Optional[Diagnosis]:
 def content_account(ev: Evidence) -> Optional[DataAccount]:
     """Automatic recording's account, when the trainer recorded no sample ids: of the batches
     a DataLoader yielded when one was seen, else of the model's inputs."""
-    found = account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps)
+    found = account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps, ev.cmp.ignored)
     return next((item for item in found if item.key in (BATCH_KEY, CONTENT_KEY)), None)
 
 
@@ -269,7 +269,7 @@ def re_executed(ev: Evidence) -> Optional[Diagnosis]:
     extra = sorted({s for by_step in ev.res.values() for s in by_step if s > steps})
     if not extra:
         return None
-    for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps):
+    for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps, ev.cmp.ignored):
         pairs = item.batches or (list(zip(*item.replayed)) if item.replayed else [])
         first = dict(pairs).get(ev.split + 1)
         if first is None or first > ev.split:

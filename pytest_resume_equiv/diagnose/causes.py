@@ -367,7 +367,9 @@ def stream_restored_wrong(s: Subject) -> Diagnosis:
 
 
 def object_never_restored(s: Subject) -> Optional[Diagnosis]:
-    if s.restores or s.kind not in WRAPPED_KINDS or s.in_place:
+    # DCP's load writes tensors in place, unlogged: weights and optimizer moments, never a
+    # scheduler's counters (a Stateful scheduler in the load is a logged load_state_dict)
+    if s.restores or s.kind not in WRAPPED_KINDS or (s.in_place and s.kind != "scheduler"):
         return None
     words = {
         "optimizer": "its moments, step counts and learning rates start over",

@@ -16,7 +16,7 @@ def replay_of(ev: Evidence, key: str = "") -> Optional[DataAccount]:
     if any."""
     keys = [key] if key else identity_keys(ev.base_sigs)
     differing = {k for found in ev.differing.values() for k in found}
-    for found in account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps):
+    for found in account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps, ev.cmp.ignored):
         if found.key not in keys or found.key not in differing or not found.replayed:
             continue
         steps = found.replayed[0]

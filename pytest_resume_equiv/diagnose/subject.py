@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..compare.tolerance import latent
 from ..rank.layout import (
     RNG,
     WATCH,
@@ -150,9 +151,15 @@ def subjects(ev: Evidence, rank: int) -> list[Subject]:
     # learning rate: it explains an optimizer's lr
     # a stream re-derived from another (a sampler's generator, from the CPU RNG) after it
     order = {"loader": 0, "module": 2, "scheduler": 3, "optimizer": 4, "object": 5}
+    # a stream no compared step draws from (a loader's seed drawn from a restored CPU RNG)
+    # changed nothing compared: a latent difference is a warning, and never leads a cause
     return sorted(
         found,
         key=lambda s: (
+            s.is_stream
+            and all(
+                latent(k, ev.base.get(rank, {}), ev.res.get(rank, {}), ev.split) for k in s.keys
+            ),
             1 if s.is_stream else order[s.kind],
             s.is_stream and parent_stream(s.name) is not None,
             s.name,

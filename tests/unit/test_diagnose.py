@@ -1043,3 +1043,56 @@ def test_a_loader_iterators_seed_draws_put_its_generator_before_the_prefetch_the
     assert fix.startswith("give the DataLoader started at data_loader.py:572 a generator")
     assert fix.index("generator of its own") < fix.index("prefetched") < fix.index("after that")
     assert d.cause.count("Fix:") == 1
+
+
+DCP_LOAD = restore("torch.distributed.checkpoint.load", "file /ckpt/step_3")
+
+
+def test_a_scheduler_is_never_restored_by_a_load_that_writes_tensors_in_place():
+    """DCP restores weights and optimizer moments in place, unlogged; a scheduler's counters
+    it cannot: with no load_state_dict call for it, it was never restored (issue 40)."""
+    base = point(watch={"lr_scheduler.last_lr": [0.1], "lr_scheduler.last_epoch": 3})
+    res = point(watch={"lr_scheduler.last_lr": [0.2], "lr_scheduler.last_epoch": 0}, restores=1)
+    d = diagnosis(base, res, [DCP_LOAD])
+    assert d.bug_class == "scheduler never restored", d.cause
+    assert "the LR scheduler 'lr_scheduler' was never restored" in d.cause
+    assert d.cause.count("Fix:") == 1
+
+
+def test_a_latent_stream_never_leads_the_cause():
+    """A VeOmni-shaped resume: the CPU RNG restored and then advanced by the base seed a
+    StatefulDataLoader's iterator draws (nothing compared draws from it after), and the
+    condition generator never restored. The generator is the cause; the CPU RNG is latent."""
+    gen = "generator dit_train.py:96 #0"
+    set_state = restore("torch.set_rng_state", "rng:cpu", at="train.py:30")
+    seed_draw = [("random_", "rng:cpu", "stateful_dataloader.py:431", 2)]
+    base = point(rng={gen: "g3"})
+    res = point(rng={"cpu": "x", gen: "g0"}, restores=2, draws=seed_draw)
+
+    def values(cpu, noise):
+        # the CPU RNG is the same at every step after the split: nothing draws from it
+        return lambda s: {"loss": s / noise, "rng:cpu": cpu, f"rng:{gen}": f"{noise}-{s}"}
+
+    d = diagnosis(base, res, [LOAD, set_state], values("c", 2), values("x", 3))
+    assert d.bug_class == "never restored", d.cause
+    assert "the generator created at dit_train.py:96 #0 was never restored" in d.cause
+    assert "CPU RNG" not in d.cause
+
+
+def test_ignore_covers_the_gate_and_the_data_lines_that_read_an_ignored_key():
+    """ignore=["auto:batch", "auto:data"]: the resume-point gate's sample check and the data
+    account leave them out too (issue 40: the control failed while it printed "equal")."""
+    from pytest_resume_equiv.compare.accounting import account
+    from pytest_resume_equiv.compare.gate import gate
+    from pytest_resume_equiv.compare.tolerance import ComparisonRules
+
+    def values(offset):
+        return lambda s: {"loss": 1.0, "auto:batch": [10 * s + offset, 10 * s + offset + 1]}
+
+    base = {0: run("uninterrupted", range(1, 7), values(0), points=[point()])}
+    res = {0: run("resumed", range(4, 7), values(5), points=[point(restores=1)], restores=[LOAD])}
+    held = gate(base, None, res, SPLIT, ComparisonRules(6, ignore=("auto:batch", "auto:data")))
+    assert held.status == "held", held.differing
+    assert gate(base, None, res, SPLIT, ComparisonRules(6)).status == "failed"
+    assert account(base, res, SPLIT, 6, ("auto:*",)) == []
+    assert [a.key for a in account(base, res, SPLIT, 6)] == ["auto:batch"]
