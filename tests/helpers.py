@@ -194,9 +194,16 @@ def interrupt_long_test(trainers, tmp_path, sig) -> tuple[int, str]:
 def interrupt_once_started(cwd, args, env, started, ranks, sig) -> tuple[int, str]:
     """Run pytest with `args` in `cwd`; once `ranks` lines are in the file `started` (every
     rank began), send `sig` to pytest alone, as a terminal or a CI runner would. Returns
-    pytest's exit status and output."""
+    pytest's exit status and output.
+
+    The inner pytest gets a base temporary directory of its own, as pytester gives one: with
+    pytest's default it would take a numbered directory beside every other session's of the
+    user, and at its session's end delete the old ones, the whole base directory of the last
+    suite run among them (gigabytes of run directories). That took over a minute under the
+    load of the suite, after the interrupt, and read as a hang (issue 39)."""
+    basetemp = os.path.join(str(cwd), "interrupted-basetemp")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", f"--basetemp={basetemp}"],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

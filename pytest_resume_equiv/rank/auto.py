@@ -40,7 +40,7 @@ from .fingerprint import (
     hash_bytes,
     local_shard,
 )
-from .loaded import LoaderTap, batch_tensors
+from .loaded import LoaderTap, SampleList, batch_tensors
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -254,18 +254,27 @@ def _hash64(row: Any) -> int:
 
 
 def batch_parts(inputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """What a micro-batch's samples are told by: the tensors whose first dimension is the
-    batch's (the first tensor's) by row, every other tensor whole, each named by where it was
-    given, its dtype and the shape of a row."""
-    tensors = [(w, t) for w, t in inputs if t.dim() >= 1 and t.shape[0] > 0]
-    size = tensors[0][1].shape[0] if tensors else None
+    """What a micro-batch's samples are told by: its sample lists item by item (one sample
+    each) and the tensors whose first dimension is the batch's by row (the batch's size: the
+    first sample list's length, else the first tensor's rows), every other tensor or list
+    whole; each named by where it was given, its dtype and the shape of a row."""
+    lists = [value for _, value in inputs if isinstance(value, SampleList)]
+    tensors = [t for _, t in inputs if not isinstance(t, SampleList) and t.dim() >= 1]
+    tensors = [t for t in tensors if t.shape[0] > 0]
+    size = len(lists[0]) if lists else (tensors[0].shape[0] if tensors else None)
     parts = []
-    for where, tensor in inputs:
-        label = f"{where}:{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape[1:])}"
-        if size is not None and tensor.dim() >= 1 and tensor.shape[0] == size:
-            parts.append((f"rows {label}", _row_digests(tensor)))
+    for where, value in inputs:
+        if isinstance(value, SampleList):
+            # an item's shape is part of what it is: the same values in another shape differ
+            items = [(f"{t.dtype}{list(t.shape)}", _fingerprint(t)) for t in value]
+            kind = "rows" if len(items) == size else "whole"
+            parts.append((f"{kind} {where}:list", items))
+            continue
+        label = f"{where}:{str(value.dtype).replace('torch.', '')}{list(value.shape[1:])}"
+        if size is not None and value.dim() >= 1 and value.shape[0] == size:
+            parts.append((f"rows {label}", _row_digests(value)))
         else:
-            parts.append((f"whole {label}", _fingerprint(tensor)))
+            parts.append((f"whole {label}", _fingerprint(value)))
     return parts
 
 
@@ -396,7 +405,10 @@ class AutoRecorder:
                 and torch.is_grad_enabled()
                 and _has_parameters(module)
             ):
-                given = [*batch_tensors(args, mapping=dict), *batch_tensors(kwargs, "kw", dict)]
+                given = [
+                    *(t for i, a in enumerate(args) for t in batch_tensors(a, str(i), dict, True)),
+                    *batch_tensors(kwargs, "kw", dict),
+                ]
                 if given:
                     self.counter.batch(batch_parts(given))
                 loaded = self.loader.take()

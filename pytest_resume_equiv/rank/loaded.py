@@ -24,6 +24,7 @@ where it lies, a device batch is reduced on its device.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
@@ -32,19 +33,45 @@ ITER_MODULE = "torch.utils.data.dataloader"
 ITER_CLASS = "_BaseDataLoaderIter"
 
 
-def batch_tensors(value: Any, path: str = "", mapping: type = Mapping) -> Iterator[tuple[str, Any]]:
-    """The tensors of a batch with where they were (`0`, `input_ids`, `0.x`): tuples, lists
-    and mappings (a dict, HF's `BatchEncoding`), in a stable order. A forward's arguments are
-    read with `mapping=dict` (rank/auto.py): only plain dicts are opened there."""
+class SampleList(list):
+    """A list of tensors, one per sample: what a collate function leaves unstacked (latents of
+    different shapes, one per video; a DiT's list arguments). Each item is one sample."""
+
+
+def batch_tensors(
+    value: Any, path: str = "", mapping: type = Mapping, samples: bool = False
+) -> Iterator[tuple[str, Any]]:
+    """The tensors of a batch with where they were (`0`, `input_ids`, `0.x`): tuples, lists,
+    mappings (a dict, HF's `BatchEncoding`) and dataclasses, nested, in a stable order. A list
+    made of tensors only, held by a name (a mapping's key, a dataclass field, a keyword
+    argument) or given as an argument (`samples`), is one `SampleList`: a sample per item,
+    whatever their shapes. Elsewhere a list is fields, as default_collate makes of a
+    dataset's tuples ([x, y], each with a row per sample). A forward's arguments are read
+    with `mapping=dict` (rank/auto.py): only plain dicts are opened there."""
     torch = sys.modules["torch"]
     if isinstance(value, torch.Tensor):
         yield path, value
+    elif samples and isinstance(value, list) and _all_tensors(value, torch):
+        yield path, SampleList(value)
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from batch_tensors(item, f"{path}.{i}" if path else str(i), mapping)
+            yield from batch_tensors(item, _join(path, i), mapping)
     elif isinstance(value, mapping):
         for key in sorted(value, key=str):
-            yield from batch_tensors(value[key], f"{path}.{key}" if path else str(key), mapping)
+            yield from batch_tensors(value[key], _join(path, key), mapping, True)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for item in dataclasses.fields(value):
+            yield from batch_tensors(
+                getattr(value, item.name), _join(path, item.name), mapping, True
+            )
+
+
+def _all_tensors(items: list, torch: Any) -> bool:
+    return bool(items) and all(isinstance(item, torch.Tensor) for item in items)
+
+
+def _join(path: str, name: Any) -> str:
+    return f"{path}.{name}" if path else str(name)
 
 
 class LoaderTap:

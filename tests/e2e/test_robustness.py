@@ -2,6 +2,7 @@
 interrupted first launches and two nodes. Each becomes a clear verdict, keeps what it learned,
 and leaves no process behind."""
 
+import getpass
 import json
 import os
 import signal
@@ -142,8 +143,18 @@ def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failu
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(trainers, tmp_path, sig):
+def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(
+    trainers, tmp_path, sig, monkeypatch
+):
+    # the temporary directories other pytest sessions of the user left (the last suite run's,
+    # gigabytes): the interrupted pytest must not spend its exit deleting them (issue 39)
+    root = tmp_path / "temproot"
+    stale = [root / f"pytest-of-{getpass.getuser()}" / f"pytest-{n}" for n in (0, 9)]
+    for path in stale:
+        (path / "run").mkdir(parents=True)
+    monkeypatch.setenv("PYTEST_DEBUG_TEMPROOT", str(root))
     code, output = interrupt_long_test(trainers, tmp_path, sig)
+    assert all(path.is_dir() for path in stale), output
     assert code == 2, output  # pytest: interrupted
     assert (
         "resume-equiv: interrupted; every launch was killed; partial run directories kept: "

@@ -685,3 +685,31 @@ def test_a_forward_that_raises_reaches_the_trainer_untouched_with_no_warning(in_
         sig = _run(in_rank, train)
     assert [s for s, _ in sig.steps] == [1, 2, 3]
     assert all(len(v["auto:data"]) == 2 for _, v in sig.steps)  # the failed forward's: none
+
+
+def test_a_list_of_tensors_is_a_sample_per_item_whatever_their_shapes():
+    """A DiT's batch: one latent per sample (their frame counts differ) and a list of text
+    embeddings, in a dict, nested in a dataclass; each item is one sample, told by its own
+    content and shape, in one batch of 3 or split in two (issue 40)."""
+    import dataclasses
+
+    from pytest_resume_equiv.rank.loaded import batch_tensors
+
+    @dataclasses.dataclass
+    class Batch:
+        inputs: dict
+        timesteps: torch.Tensor
+
+    torch.manual_seed(0)
+    latents = [torch.randn(4, frames, 2, 2) for frames in (1, 3, 2)]
+    text = [torch.randn(tokens, 8) for tokens in (5, 3, 6)]
+    steps = torch.tensor([0.1, 0.5, 0.9])
+
+    def ids(lo, hi):
+        batch = Batch({"latents": latents[lo:hi], "text": text[lo:hi]}, steps[lo:hi])
+        return sample_ids(batch_parts(list(batch_tensors([batch]))))
+
+    whole = ids(0, 3)
+    assert len(set(whole)) == 3 and whole == ids(0, 1) + ids(1, 3)
+    latents[1] = latents[1].reshape(4, 1, 6, 2)  # the same values in another shape
+    assert ids(1, 2) != whole[1:2] and ids(0, 1) == whole[:1]
