@@ -165,12 +165,26 @@ def went_past(signatures: Run, split: int, name: str) -> str:
     )
 
 
-def recorded_automatically(signatures: Run) -> list[str]:
-    """What automatic recording recorded in a run with no call in the trainer: its `auto:`
-    keys and the watched objects it found itself, in the order the audit names them."""
-    keys = {k for sig in signatures.values() for _, values in sig.steps for k in values}
-    found = {watched_subject(n) for sig in signatures.values() for n in sig.found}
-    return sorted(k for k in keys if section_of(k) == AUTO) + sorted(found)
+def recorded_automatically(runs: list[Run], split: int) -> list[str]:
+    """What automatic recording recorded in runs with no call in the trainer: the `auto:` keys
+    every run recorded at every step after `split` on every rank (a key one run could not
+    record is no comparison), and the watched objects it found itself, in the order the
+    audit names them."""
+    steps = [values for run in runs for sig in run.values() for s, values in sig.steps if s > split]
+    keys = {k for values in steps for k in values if section_of(k) == AUTO}
+    found = {watched_subject(n) for run in runs for sig in run.values() for n in sig.found}
+    return sorted(k for k in keys if all(k in values for values in steps)) + sorted(found)
+
+
+def one_sided_warning(cmp: Comparison) -> str:
+    """Automatic keys one run recorded and the other never could, in words."""
+    if not cmp.one_sided:
+        return ""
+    return (
+        f"split {cmp.split}: {', '.join(cmp.one_sided[:4])} recorded, while the other run "
+        "recorded none at any compared step: its recorder saw no such input there (no "
+        "DataLoader batch, or a forward whose inputs it cannot read), so it was not compared"
+    )
 
 
 def nothing_trains(signatures: Run) -> str:
@@ -209,7 +223,6 @@ class ResumeLike(Check):
     def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
         if launch is self.reference:
             judge.warn(nothing_trains(judge.signatures(launch)))
-            judge.note_automatic(recorded_automatically(judge.signatures(launch)))
         if launch is self.resumed.source:
             self.warn_about_source(launch, judge)
         if launch is self.resumed:
@@ -259,7 +272,10 @@ class ResumeLike(Check):
         if cmp is not None:
             run = judge.signatures(self.resumed)
             judge.note_ignored([n for sig in run.values() for n in sig.ignored] + cmp.ignored)
+            reference = judge.signatures(self.reference)
+            judge.note_automatic(recorded_automatically([reference, run], self.split))
             judge.warn(latent_warning(cmp))
+            judge.warn(one_sided_warning(cmp))
         self.reach(judge, verdict)
         for other in judge.verdicts():  # noise measured before this resume finished
             self.on_verdict(other, judge)

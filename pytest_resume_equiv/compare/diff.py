@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..rank.encode import decode_float
 from ..rank.layout import (
+    AUTO,
     FLOAT_TAG,
     RNG,
     TENSOR_TAG,
@@ -70,6 +71,9 @@ class Comparison:
     """"rank R: rng:..." streams that differ but that no compared step draws from: let pass,
     and warned about (unless strict)."""
     ignored: list[str] = field(default_factory=list)
+    one_sided: list[str] = field(default_factory=list)
+    """"rank R: auto:..." keys one run recorded and the other never did at any compared step
+    (its recorder saw no such input): nothing to compare there, so never a divergence."""
     """Audited keys and fields left out because an `ignore=` pattern names them."""
     facts: list[Fact] = field(default_factory=list)
     """What the comparator established besides the first divergence (a topology's
@@ -282,6 +286,32 @@ def _without_latent(
     return kept
 
 
+def _without_one_sided(
+    found: list[Divergence],
+    rank: int,
+    base: dict[int, dict[int, dict[str, Any]]],
+    res: dict[int, dict[int, dict[str, Any]]],
+    first_step: int,
+    result: Comparison,
+) -> list[Divergence]:
+    """An automatic key one run recorded where the other recorded it at no compared step:
+    that run never had the chance (no DataLoader batch, no input it could read), so it is
+    noted, never a divergence."""
+    kept = []
+    for d in found:
+        runs = (base[rank], res[rank])
+        never = [
+            not any(d.key in values for s, values in steps.items() if s >= first_step)
+            for steps in runs
+        ]
+        if section_of(d.key) == AUTO and any(never):
+            run = "resumed" if never[0] else "uninterrupted"
+            _note(result.one_sided, f"{d.key} (rank {rank}: the {run} run only)")
+        else:
+            kept.append(d)
+    return kept
+
+
 def compare_runs(
     uninterrupted: dict[int, Signature],
     resumed: dict[int, Signature],
@@ -325,9 +355,9 @@ def compare_runs(
         result.compared_steps += 1
         found: list[Divergence] = []
         for rank in range(world_size):
-            here = _differences(
-                step, rank, base_steps[rank][step], res_steps[rank][step], rules, result
-            )
+            a, b = base_steps[rank][step], res_steps[rank][step]
+            here = _differences(step, rank, a, b, rules, result)
+            here = _without_one_sided(here, rank, base_steps, res_steps, first_step, result)
             here = _without_latent(here, rank, base_steps, res_steps, split, rules, result)
             if here:
                 result.divergent_keys[rank] = [d.key for d in here]

@@ -291,3 +291,34 @@ def test_extra_automatic_steps_are_a_step_counter_restored_behind(resumed_steps,
         run("uninterrupted", range(1, 7), 1), run("resumed", resumed_steps, 1), 3, 6
     )
     assert [p.kind for p in explicit.problems] == ["extra"]  # numbered by record(): as it was
+
+
+def test_an_automatic_key_one_run_could_never_record_is_noted_never_a_divergence():
+    """The issue 40 report: the resumed run recorded `auto:batch` at its first step, the
+    uninterrupted run at none; the first divergence was that key. A key the other run never
+    recorded at any compared step is noted; one it recorded elsewhere stays a finding."""
+    from pytest_resume_equiv.checks.resume import one_sided_warning, recorded_automatically
+
+    base = run("uninterrupted", range(1, 7), values=lambda s, r: {"auto:loss": 1.0})
+    res = run(
+        "resumed",
+        range(4, 7),
+        values=lambda s, r: {"auto:loss": 1.0, **({"auto:batch": [7]} if s == 4 else {})},
+    )
+    cmp = compare_runs(base, res, 3, 6)
+    assert cmp.equal, cmp.divergence
+    assert cmp.one_sided == [
+        "auto:batch (rank 0: the resumed run only)",
+        "auto:batch (rank 1: the resumed run only)",
+    ]
+    assert "recorded none at any compared step" in one_sided_warning(cmp)
+    assert recorded_automatically([base, res], 3) == ["auto:loss"]  # not at every step
+    # recorded by both runs, but not at this step of one of them: a finding
+    both = run("uninterrupted", range(1, 7), values=lambda s, r: {"auto:batch": [s]})
+    gap = run("resumed", range(4, 7), values=lambda s, r: {"auto:batch": [s]} if s != 5 else {})
+    div = compare_runs(both, gap, 3, 6).divergence
+    assert (div.step, div.key, div.detail) == (
+        5,
+        "auto:batch",
+        "recorded by the uninterrupted run only",
+    )

@@ -69,7 +69,11 @@ MICRO_BATCH, ACCUMULATION = 2, 2
 
 
 class LatentDataset(Dataset):
-    """Precomputed Wan latents and umT5 text embeddings, of different sizes per sample."""
+    """Precomputed Wan latents and umT5 text embeddings, of different sizes per sample; one
+    latent is corrupt (a NaN), as a real dataset's can be."""
+
+    def __init__(self, corrupt: int = -1) -> None:
+        self.corrupt = corrupt
 
     def __len__(self) -> int:
         return SAMPLES
@@ -77,10 +81,21 @@ class LatentDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         g = torch.Generator().manual_seed(index)
         frames, words = 1 + index % 3, 3 + index % 4
-        return {
-            "latents": torch.randn(CHANNELS, frames, 4, 4, generator=g),
-            "text": torch.randn(words, TEXT_DIM, generator=g),
-        }
+        latents = torch.randn(CHANNELS, frames, 4, 4, generator=g)
+        if index == self.corrupt:
+            latents[0, 0, 0, 0] = float("nan")
+        return {"latents": latents, "text": torch.randn(words, TEXT_DIM, generator=g)}
+
+
+class LatentCheck(torch.nn.Module):
+    """Refuses a micro-batch with a corrupt latent: its forward raises, and the loop skips
+    the micro-batch (the uninterrupted run meets one at step 1 on rank 0; the resumed run
+    never does). A forward that raises must leave the recording of later steps whole."""
+
+    def forward(self, latents: list) -> list:
+        if any(torch.isnan(latent).any() for latent in latents):
+            raise ValueError("a corrupt latent")
+        return latents
 
 
 def collate(samples: list) -> dict:
@@ -184,7 +199,11 @@ def main() -> None:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
 
-    dataset = LatentDataset()
+    # the corrupt sample: rank 0's first of epoch 0, the same in every launch
+    first = next(
+        iter(DistributedSampler(range(SAMPLES), num_replicas=world, rank=0, seed=args.seed))
+    )
+    dataset = LatentDataset(corrupt=first)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
     loader = StatefulDataLoader(
         dataset, batch_size=MICRO_BATCH, sampler=sampler, collate_fn=collate
@@ -196,6 +215,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
     condition = FlowMatchCondition(seed=args.seed + rank)
+    check = LatentCheck()
 
     step, epoch = 0, 0
     if args.resume_from:
@@ -233,7 +253,11 @@ def main() -> None:
         sampler.set_epoch(epoch)
         micro = 0
         for batch in loader:  # a resumed iterator starts where the saved one was
-            noised, timesteps, targets = condition(batch["latents"])
+            try:
+                latents = check(batch["latents"])
+            except ValueError:
+                continue  # skip the micro-batch
+            noised, timesteps, targets = condition(latents)
             predictions = model(noised, timesteps, batch["text"])
             loss = torch.stack(
                 [F.mse_loss(p, target) for p, target in zip(predictions, targets)]
