@@ -713,3 +713,68 @@ def test_a_list_of_tensors_is_a_sample_per_item_whatever_their_shapes():
     assert len(set(whole)) == 3 and whole == ids(0, 1) + ids(1, 3)
     latents[1] = latents[1].reshape(4, 1, 6, 2)  # the same values in another shape
     assert ids(1, 2) != whole[1:2] and ids(0, 1) == whole[:1]
+
+
+class Check(torch.nn.Module):
+    """No parameters; refuses a batch with a NaN by raising (a trainer skips it)."""
+
+    def forward(self, x):
+        if torch.isnan(x).any():
+            raise ValueError("corrupt")
+        return x
+
+
+def _noise_first(saved, resume=False):
+    """VeOmni's loop: a check module before the model (it raises once, at step 1), then
+    noise drawn from a generator of its own before the model's forward, in each of 2
+    micro-batches; the state is saved after step 3 (generator included)."""
+    torch.manual_seed(0)
+    model, check = Net(), Check()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    noise = torch.Generator().manual_seed(7)
+    data = torch.Generator().manual_seed(3)
+    start = 1
+    if resume:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        noise.set_state(saved["noise"])
+        data.set_state(saved["data"])
+        start = 4
+    for step in range(start, 7):
+        for micro in range(2):
+            x = torch.randn(2, 4, generator=data)
+            if step == 1 and micro == 0:
+                try:
+                    check(torch.full((2, 4), float("nan")))
+                except ValueError:
+                    pass
+            x = check(x) + torch.randn(2, 4, generator=noise)
+            model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 3 and not resume:
+            saved.update(
+                model=copy.deepcopy(model.state_dict()),
+                opt=copy.deepcopy(opt.state_dict()),
+                noise=noise.get_state(),
+                data=data.get_state(),
+            )
+
+
+def test_noise_drawn_before_the_forward_and_a_forward_that_raised_keep_the_point_aligned(
+    in_rank, tmp_path
+):
+    """The issue 40 report: the uninterrupted run's snapshot came after two micro-batches'
+    draws, the resumed run's after one, once a forward had raised. Both runs must snapshot
+    the same program point, after the same draws, and record the inputs at every step."""
+    saved = {}
+    base = _run(in_rank, lambda: _noise_first(saved), run_dir=tmp_path / "base")
+    res = _run(
+        in_rank, lambda: _noise_first(saved, True), phase="resumed", run_dir=tmp_path / "res"
+    )
+    a, b = base.resume_point(3), res.resume_point(3)
+    assert a["at"] == b["at"] and a["rng"] == b["rng"] and a["watch"] == b["watch"]
+    assert all(len(v["auto:data"]) == 4 for _, v in base.steps)  # 2 micro-batches of 2
+    assert [v["auto:data"] for s, v in base.steps if s > 3] == [
+        v["auto:data"] for _, v in res.steps
+    ]
