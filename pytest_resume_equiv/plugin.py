@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import tempfile
 from collections.abc import Generator
 from typing import Any, Callable, Optional
 
@@ -24,6 +23,7 @@ import pytest
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
 from .launch.devices import ACCELERATORS, Device, DeviceUnavailable, HostProbe, select_device
 from .launch.forked import ForkServer
+from .launch.keep_dir import kept_line
 from .report.text import format_golden_summary, format_summary_table
 from .session import ResumeEquivSession, is_xdist_worker, session_temp
 from .settings import OPTIONS, SettingError, TestSettings, resolve_test
@@ -73,6 +73,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _session(config: pytest.Config) -> ResumeEquivSession:
     return config.stash[SESSION_KEY]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist controller: a worker starts; its run directories go in this session's
+    folder."""
+    _session(node.config).for_worker(node.workerinput)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -157,6 +164,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_sep("=", "resume equivalence")
         for line in format_summary_table(records):
             terminalreporter.write_line(line)
+    if session.kept_in:
+        terminalreporter.write_line(kept_line(session.kept_in, session.settings["keep"]))
     if session.settings.error or session.settings["golden"] is None:
         return
     lines = format_golden_summary(records, session.unused, session.settings["update_golden"])
@@ -267,10 +276,17 @@ def pytest_runtest_makereport(
 
 
 def _run_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunRoot:
-    """A fresh private (0700) directory under pytest's base temp for one test's launches."""
+    """A fresh private (0700) directory for one test's launches, in the session's folder of
+    the keep directory, where later pytest sessions do not delete it."""
     name = re.sub(r"\W", "_", request.node.name)[:30]
-    path = tempfile.mkdtemp(prefix=f"resume-equiv-{name}-", dir=tmp_path_factory.getbasetemp())
-    return RunRoot(path, _session(request.config).settings["keep"])
+    session = _session(request.config)
+    try:
+        path, problem = session.run_root(name, tmp_path_factory), ""
+    except SettingError as exc:
+        problem = str(exc)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return RunRoot(path, session.settings["keep"])
 
 
 @pytest.fixture

@@ -107,6 +107,13 @@ def parse_golden(raw: Any) -> Optional[str]:
     return value
 
 
+def parse_keep_dir(raw: Any) -> Optional[str]:
+    value = os.path.expanduser(str(raw).strip())
+    if not value:
+        raise ValueError("expected the directory that holds the run directories")
+    return value
+
+
 def parse_report(raw: Any) -> Optional[str]:
     value = str(raw).strip()
     if not value:
@@ -144,6 +151,14 @@ OPTIONS: dict[str, Option] = {
             "failed",
             _choice(KEEP),
             choices=KEEP,
+        ),
+        Option(
+            "keep_dir",
+            "where run directories live, a folder per session, so the kept ones outlast later "
+            "pytest sessions; the newest 5 sessions that kept any stay (default: "
+            "<rootdir>/.resume-equiv/runs; a relative ini value is relative to the ini file)",
+            None,
+            parse_keep_dir,
         ),
         Option(
             "report", "write a JSON report of every resume test to this path", None, parse_report
@@ -297,7 +312,7 @@ def resolve(
         raise SettingError(f"invalid {option.name} {raw!r} from {source}: {exc}") from None
 
 
-PATH_OPTIONS = ("golden",)
+PATH_OPTIONS = ("golden", "keep_dir")
 """Options naming a directory: a relative ini value is relative to the ini file."""
 
 
@@ -309,6 +324,20 @@ def _relative_to_ini(option: Option, resolved: Resolved, config: Any) -> Resolve
     if value is None or os.path.isabs(value):
         return resolved
     return Resolved(os.path.join(os.path.dirname(str(inipath)), value), resolved.source)
+
+
+def _check_directory(option: Option, resolved: Resolved) -> None:
+    """A directory the plugin makes: nothing on its path may be a file."""
+    if option.name != "keep_dir" or resolved.value is None:
+        return
+    path = os.path.abspath(resolved.value)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise SettingError(
+            f"invalid {option.name} {resolved.value!r} from {resolved.source}: {path} is a file, "
+            "not a directory"
+        )
 
 
 @dataclass(frozen=True)
@@ -343,6 +372,7 @@ def resolve_session(config: Any, env: Optional[Mapping[str, str]] = None) -> Ses
         try:
             values[option.name] = resolve(option, (config.getini(option.ini), inifile), env, cli)
             values[option.name] = _relative_to_ini(option, values[option.name], config)
+            _check_directory(option, values[option.name])
         except SettingError as exc:
             errors.append(str(exc))
             values[option.name] = Resolved(option.default, "default")
@@ -364,6 +394,7 @@ class TestSettings:
     require_device: bool
     timeout: float
     keep: str
+    keep_dir: Optional[str]
     report: Optional[str]
     strict_shutdown: bool
     strict_latent: bool

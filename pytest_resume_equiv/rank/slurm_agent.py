@@ -49,8 +49,8 @@ def _check_shared(run_dir: str, token: str, node: str) -> None:
     if not _read_when(launch_token_path(run_dir), lambda text: text.strip() == token):
         _fail(
             f"node {node} ({socket.gethostname()}) does not see the run directory {run_dir}: "
-            "every node must see it at the same path (a shared filesystem). Put pytest's "
-            "temporary directory there: pytest --basetemp=/shared/path/tmp"
+            "every node must see it at the same path (a shared filesystem). Put the run "
+            "directories there: pytest --resume-equiv-keep-dir=/shared/path/runs"
         )
 
 

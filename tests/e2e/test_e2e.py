@@ -33,9 +33,10 @@ def test_correct_trainer_passes(trainers):
             "(mutating every RNG stream changed the recorded values)"
         ]
     )
-    # passing tests remove their run directories (--resume-equiv-keep=failed)
-    assert not list(trainers.path.glob("runpytest-0/**/resumed-split3"))
-    assert not list(trainers.path.glob("runpytest-0/resume-equiv-shared/*"))
+    # passing tests remove their run directories (--resume-equiv-keep=failed), and the
+    # session's folder goes with them
+    assert list((trainers.path / ".resume-equiv" / "runs").iterdir()) == []
+    assert "kept in" not in result.stdout.str()
 
 
 def test_cpu_rng_not_restored_fails_at_step_4(trainers):
@@ -99,7 +100,7 @@ def test_cpu_rng_not_restored_fails_at_step_4(trainers):
     text = result.stdout.str()
     assert "  [- uninterrupted] " in text and "  [+ resumed]       " in text
     assert "Traceback" not in text
-    kept = list(trainers.path.glob("runpytest-0/**/resumed-split3/signatures/rank-1.jsonl"))
+    kept = list(trainers.path.glob(".resume-equiv/runs/*/*/resumed-split3/signatures/rank-1.jsonl"))
     assert len(kept) == 1
 
     check_rng_report(trainers.path / "report.json")
@@ -120,15 +121,79 @@ def test_split_list_runs_one_uninterrupted_and_two_resumed_launches(trainers):
     result = trainers.runpytest_subprocess(*CPU, "--resume-equiv-keep=all", "-s")
     result.assert_outcomes(passed=1)
     assert "LAUNCHES ['uninterrupted', 'resumed-split2', 'resumed-split4']" in result.stdout.str()
-    (root,) = trainers.path.glob("runpytest-0/resume-equiv-test_splits*")
+    (root,) = trainers.path.glob(".resume-equiv/runs/*/test_splits*")
     assert sorted(p.name for p in root.iterdir()) == ["resumed-split2", "resumed-split4"]
     assert oct(root.stat().st_mode & 0o777) == "0o700"
+    assert oct(root.parent.stat().st_mode & 0o777) == "0o700"  # the session's folder
+    result.stdout.fnmatch_lines([f"resume-equiv: run directories kept in {root.parent} (*"])
     # the one uninterrupted launch lives where other tests with the same launch can reuse it
-    shared = trainers.path / "runpytest-0" / "resume-equiv-shared"
+    shared = root.parent / "shared"
     (baseline,) = [p for p in shared.iterdir() if p.is_dir()]
     assert (baseline / "checkpoints" / "step_2").is_dir()
     assert (baseline / "checkpoints" / "step_4").is_dir()
     assert oct(shared.stat().st_mode & 0o777) == "0o700"
+
+
+DRIFTS = """
+import os
+
+import pytest_resume_equiv as req
+from pytest_resume_equiv import resume_equivalent
+
+
+def train(ctx, drift):
+    for step in range(ctx.split + 1 if ctx.resuming else 1, ctx.steps + 1):
+        req.record(step, loss=1.0 / step + (drift if ctx.resuming else 0.0))
+        if ctx.should_save(step):
+            os.makedirs(ctx.checkpoint_for(step), exist_ok=True)
+
+
+def drifts(ctx):
+    train(ctx, 1e-9)
+
+
+def exact(ctx):
+    train(ctx, 0.0)
+
+
+@resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False, auto=False)
+def test_drifts(resume_equiv):
+    resume_equiv.run(drifts)
+
+
+@resume_equivalent(steps=3, split=1, nproc=1, rng_mutation=False, auto=False)
+def test_exact(resume_equiv):
+    resume_equiv.run(exact)
+"""
+
+
+def test_a_failed_tests_run_directories_outlast_later_sessions(pytester):
+    """Issue 40: pytest deletes its older base temporary directories at every session's end,
+    so kept run directories live in <rootdir>/.resume-equiv/runs/<session>/, which a later
+    session (here one that even wipes the same --basetemp) leaves alone."""
+    pytester.makepyfile(test_drift=DRIFTS)
+    basetemp = f"--basetemp={pytester.path / 'bt'}"  # pytest empties it at every start
+    first = pytester.runpytest_subprocess(*CPU, basetemp, "-k", "test_drifts")
+    first.assert_outcomes(failed=1, deselected=1)
+    runs = pytester.path / ".resume-equiv" / "runs"
+    (folder,) = runs.iterdir()
+    first.stdout.fnmatch_lines(
+        [
+            f"resume-equiv: run directories of failed tests kept in {folder} (the last 5 "
+            f"sessions are kept; delete {runs} to clean)"
+        ]
+    )
+    text = first.stdout.str()
+    rerun = text.split("rerun the resumed launch by hand:", 1)[1].split("\n\n", 1)[0]
+    (resumed,) = folder.glob("test_drifts-*/resumed-split1")
+    assert str(folder) in rerun, rerun
+    assert (resumed / "signatures" / "rank-0.jsonl").exists()
+    assert (pytester.path / ".resume-equiv" / ".gitignore").read_text().endswith("*\n")
+    second = pytester.runpytest_subprocess(*CPU, basetemp, "-k", "test_exact")
+    second.assert_outcomes(passed=1, deselected=1)
+    assert "kept in" not in second.stdout.str()
+    assert list(runs.iterdir()) == [folder]  # the passing session's folder went
+    assert (resumed / "signatures" / "rank-0.jsonl").exists()
 
 
 def test_bad_marker_arguments_error_that_test_only(pytester):
@@ -327,7 +392,7 @@ def test_launch_failures_are_clear_and_the_torchrun_fixture_runs_every_target(tr
     ckpt = _failure_section(text, "test_ckpt")
     pytest.LineMatcher(ckpt.splitlines()).fnmatch_lines(
         [
-            "*the uninterrupted run did not save a checkpoint at */resume-equiv-shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*"
+            "*the uninterrupted run did not save a checkpoint at */.resume-equiv/runs/*/shared/*/checkpoints/step_2 (from checkpoint='{run_dir}/checkpoints/step_{split}', split=2); the trainer must save there after step 2*"
         ]
     )
     assert "resumed-split2" not in ckpt

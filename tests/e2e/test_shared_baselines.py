@@ -94,7 +94,7 @@ def test_resume_tests_share_baselines_across_two_xdist_workers(counting):
     ]
     assert sum(t["reused_launches"] for t in report["tests"]) == 4
     assert not list(pytester.path.glob("r.json.*"))
-    assert not list(pytester.path.glob("runpytest-0/resume-equiv-shared/*"))
+    assert list((pytester.path / ".resume-equiv" / "runs").iterdir()) == []  # all passed
 
 
 @pytest.mark.long(25)
@@ -114,5 +114,6 @@ def test_a_failed_test_keeps_the_shared_baseline_it_used(counting):
     result.assert_outcomes(failed=1)
     line = next(x for x in result.stdout.lines if "uninterrupted: " in x)
     kept = pytester.path.joinpath(line.split("uninterrupted: ", 1)[1].strip())
-    assert kept.parent.name == "resume-equiv-shared"
+    assert kept.parent.name == "shared"
+    assert kept.parent.parent.parent == pytester.path / ".resume-equiv" / "runs"
     assert (kept / "signatures" / "rank-0.jsonl").exists() and (kept / "KEEP").exists()

@@ -120,7 +120,7 @@ def test_compare_of_the_runs_a_test_kept_gives_that_tests_verdict(pytester, caps
         "-p", "resume_equiv", "--resume-equiv-device=cpu", "--resume-equiv-keep=all"
     )
     result.assert_outcomes(passed=1)
-    (resumed,) = pytester.path.glob("runpytest-0/resume-equiv-test_judged*/resumed-split2")
+    (resumed,) = pytester.path.glob(".resume-equiv/runs/*/test_judged*/resumed-split2")
     judgement = json.loads((resumed / "judgement.json").read_text())
     base = judgement["runs"]["uninterrupted"]
     assert judgement["rules"] == {
