@@ -2,7 +2,7 @@
 memory it takes where the batch lives.
 
 `auto:data` gives every sample given to the model's forward an id, a hash of its row of
-the inputs, reduced where the batch lives (rank/auto.py `device_row_digests`). This
+the inputs, reduced where the batch lives (rank/inputs.py `device_row_digests`). This
 measures, for one batch, in a fresh process per variant: the copies to the host made while
 fingerprinting (a TorchFunctionMode sees every `.cpu()`, `.item()`, `.tolist()`,
 `.numpy()`, `.to("cpu")`), the bytes the step's line later copies, the peak memory above
@@ -27,7 +27,7 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from torch.overrides import TorchFunctionMode
-from pytest_resume_equiv.rank import auto
+from pytest_resume_equiv.rank import inputs
 
 variant, mib, rows, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 cuda = device == "cuda"
@@ -45,7 +45,7 @@ class HostCopies(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 def whole_batch(raw):
-    # the digest as auto.py reduced it before: every column at once
+    # the digest as rank/inputs.py reduced it before: every column at once
     words = raw.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     idx = torch.arange(words.shape[1], device=words.device, dtype=torch.int64)
     mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
@@ -64,12 +64,12 @@ else:
 start = time.perf_counter()
 with HostCopies() as mode:
     if variant == "banded":
-        crossing = auto.device_row_digests(raw).words
+        crossing = inputs.device_row_digests(raw).words
     elif variant == "whole":
         crossing = whole_batch(raw)
     else:
         crossing = None
-        auto._row_digests(batch)  # the CPU path: rows hashed in place on the host
+        inputs._row_digests(batch)  # the CPU path: rows hashed in place on the host
 if cuda:
     torch.cuda.synchronize()
 seconds = time.perf_counter() - start

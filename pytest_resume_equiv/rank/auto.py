@@ -33,14 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fingerprint import (
-    Fingerprint,
-    Later,
-    content_hash,
-    hash_bytes,
-    local_shard,
-)
-from .loaded import LoaderTap, SampleList, batch_tensors
+from .fingerprint import Later, local_shard
+from .inputs import batch_parts, forward_inputs, tensor_fingerprint
+from .loaded import LoaderTap
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -177,120 +172,6 @@ def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
 
 
-def _fingerprint(tensor: Any) -> Fingerprint:
-    """The content hash of one tensor, left on its device (a `Later`) until the step's line
-    is written: no copy to the host, no sync in the forward."""
-    flat = local_shard(tensor)
-    if flat.device.type in ("cpu", "meta") or flat.numel() == 0:
-        return content_hash(flat)
-    from .fingerprint import _digest
-
-    digest = _digest(flat.reshape(-1).contiguous())
-    return Later(digest.words, lambda words: "d" + digest.finish(words))
-
-
-_MASK64 = (1 << 64) - 1
-SAMPLE_BITS = 52
-"""Bits of a sample's id: exact in any JSON reader (a double holds 53), and far from a
-collision among the samples of a run."""
-
-
-BAND_WORDS = 1 << 22
-"""Elements of each int64 temporary of the device input fingerprint (32 MiB): its peak
-memory, whatever the batch's size."""
-
-
-def _row_digests(tensor: Any) -> Any:
-    """One 64-bit digest per row (dim 0) of `tensor`: a list of ints on CPU, a `Later` on a
-    device (reduced there, integer arithmetic only, no copy of the rows to the host)."""
-    import torch
-
-    local = local_shard(tensor).contiguous()
-    rows = local.shape[0]
-    raw = local.reshape(-1).view(torch.uint8).reshape(rows, -1)
-    if local.device.type == "cpu":
-        data = raw.numpy()
-        return [_hash64(data[i]) for i in range(rows)]
-    return device_row_digests(raw)
-
-
-def device_row_digests(raw: Any) -> Later:
-    """`_row_digests` where the rows live: the bytes of each row (`raw`, uint8, rows x
-    bytes) as int32 words, mixed by position and summed per row, a band of columns at a time
-    so that the int64 temporaries stay under `BAND_WORDS` elements whatever the batch's
-    size (a 1 GiB video batch would otherwise take several GiB more of device memory for
-    its fingerprint). The two sums per row are all that reaches the host, with the rest of
-    the step's line (benchmarks/bench_input_fingerprint.py)."""
-    import torch
-
-    rows, width = raw.shape
-    words_per_row = -(-width // 4)
-    band = max(1, BAND_WORDS // max(rows, 1))
-    first = torch.zeros(rows, dtype=torch.int64, device=raw.device)
-    second = torch.zeros(rows, dtype=torch.int64, device=raw.device)
-    for start in range(0, words_per_row, band):
-        stop = min(start + band, words_per_row)
-        piece = raw[:, 4 * start : min(4 * stop, width)]
-        pad = 4 * (stop - start) - piece.shape[1]
-        piece = torch.nn.functional.pad(piece, (0, pad)) if pad else piece.contiguous()
-        words = piece.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        idx = torch.arange(start, stop, device=raw.device, dtype=torch.int64)
-        mixed = (words + 0x9E3779B1) * ((idx * 0x632BE5AB + 0x7F4A7C15) | 1)
-        mixed = mixed ^ (mixed >> 31)
-        first += mixed.sum(dim=1)
-        second += (mixed * ((idx << 1) | 1)).sum(dim=1)
-
-    def finish(found: list[int]) -> list[int]:
-        return [
-            ((found[i] & _MASK64) * 0x9E3779B97F4A7C15 ^ (found[rows + i] & _MASK64)) & _MASK64
-            for i in range(rows)
-        ]
-
-    return Later(torch.cat([first, second]), finish)
-
-
-def _hash64(row: Any) -> int:
-    return int(hash_bytes(row)[:16], 16)
-
-
-def batch_parts(inputs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """What a micro-batch's samples are told by: its sample lists item by item (one sample
-    each) and the tensors whose first dimension is the batch's by row (the batch's size: the
-    first sample list's length, else the first tensor's rows), every other tensor or list
-    whole; each named by where it was given, its dtype and the shape of a row."""
-    lists = [value for _, value in inputs if isinstance(value, SampleList)]
-    tensors = [t for _, t in inputs if not isinstance(t, SampleList) and t.dim() >= 1]
-    tensors = [t for t in tensors if t.shape[0] > 0]
-    size = len(lists[0]) if lists else (tensors[0].shape[0] if tensors else None)
-    parts = []
-    for where, value in inputs:
-        if isinstance(value, SampleList):
-            # an item's shape is part of what it is: the same values in another shape differ
-            items = [(f"{t.dtype}{list(t.shape)}", _fingerprint(t)) for t in value]
-            kind = "rows" if len(items) == size else "whole"
-            parts.append((f"{kind} {where}:list", items))
-            continue
-        label = f"{where}:{str(value.dtype).replace('torch.', '')}{list(value.shape[1:])}"
-        if size is not None and value.dim() >= 1 and value.shape[0] == size:
-            parts.append((f"rows {label}", _row_digests(value)))
-        else:
-            parts.append((f"whole {label}", _fingerprint(value)))
-    return parts
-
-
-def sample_ids(parts: list[tuple[str, Any]]) -> list[int]:
-    """Each sample's id in a micro-batch (its parts resolved): its rows of every batched
-    tensor and every other tensor whole, hashed together; one id for a batch with no rows."""
-    rows = [(where, found) for where, found in parts if where.startswith("rows ")]
-    whole = "|".join(f"{where}={found}" for where, found in parts if where.startswith("whole "))
-    count = len(rows[0][1]) if rows else 1
-    out = []
-    for i in range(count):
-        text = "|".join(f"{where}={found[i]}" for where, found in rows) + "|" + whole
-        out.append(int(hash_bytes(text.encode())[:16], 16) >> (64 - SAMPLE_BITS))
-    return out
-
-
 def _loss_value(tensor: Any) -> Any:
     """A backward's tensor as the step keeps it until it is written: detached (a scalar's
     value as float64 bits on its device, read with the step's other device values)."""
@@ -299,7 +180,7 @@ def _loss_value(tensor: Any) -> Any:
     if local.numel() == 1 and (local.is_floating_point()):
         bits = local.reshape(1).to(torch.float64).view(torch.int64)
         return Later(bits, _float_of_bits)
-    return _fingerprint(local)
+    return tensor_fingerprint(local)
 
 
 def _float_of_bits(words: list[int]) -> Any:
@@ -357,6 +238,49 @@ class AutoRecorder:
 
     # -- hooks ----------------------------------------------------------------------------
 
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if _initialising_state():
+            return
+        self.found.add("optimizer", opt)
+        if self.first_step_seen is not None:
+            first, self.first_step_seen = self.first_step_seen, None
+            first()
+
+    def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not _initialising_state():
+            self.step_taken(opt)
+
+    def _pre_forward(self, module: Any, args: Any) -> None:
+        grad = sys.modules["torch"].is_grad_enabled()
+        self.depth += 1
+        # a forward under no_grad (a loss logged, a teacher) trains nothing: no step begins
+        # there and its inputs are no training data, in training mode too
+        if self.depth == 1 and module.training and grad:
+            self.boundary()
+            if _has_parameters(module):  # found before the resume point's snapshot
+                self.found.add("model", module)
+        elif self.depth == 1 and grad and self._optimized(module):
+            # trained in eval mode (left there after a validation pass): its modes are what
+            # the audit must show; its inputs stay out of the data (an evaluation)
+            self.found.add("model", module)
+
+    def _post_forward(self, module: Any, args: Any, *rest: Any) -> None:
+        """The inputs are read here, where the global hook sees keyword arguments too. A
+        forward that raised calls this always-called hook as (module, args, None), without
+        its keyword arguments: the depth unwinds, nothing is recorded, and the trainer's own
+        exception goes on untouched."""
+        self.depth = max(0, self.depth - 1)
+        if len(rest) != 2 or self.depth != 0 or not module.training:
+            return
+        if not (sys.modules["torch"].is_grad_enabled() and _has_parameters(module)):
+            return
+        given = forward_inputs(args, rest[0])
+        if given:
+            self.counter.batch(batch_parts(given))
+        loaded = self.loader.take()
+        if loaded:
+            self.counter.loaded(batch_parts(loaded))
+
     def install(self) -> None:
         """Hook optimizer steps, module forwards, backward calls, GradScaler steps and LR
         scheduler construction (torch must be imported)."""
@@ -365,62 +289,12 @@ class AutoRecorder:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
-            if _initialising_state():
-                return
-            self.found.add("optimizer", opt)
-            if self.first_step_seen is not None:
-                first, self.first_step_seen = self.first_step_seen, None
-                first()
-
-        def post_step(opt: Any, args: Any, kwargs: Any) -> None:
-            if not _initialising_state():
-                self.step_taken(opt)
-
-        def pre_forward(module: Any, args: Any) -> None:
-            self.depth += 1
-            # a forward under no_grad (a loss logged, a teacher) trains nothing: no step
-            # begins there and its inputs are no training data, in training mode too
-            if self.depth == 1 and module.training and torch.is_grad_enabled():
-                self.boundary()
-                if _has_parameters(module):  # found before the resume point's snapshot
-                    self.found.add("model", module)
-            elif self.depth == 1 and torch.is_grad_enabled() and self._optimized(module):
-                # trained in eval mode (left there after a validation pass): its modes are
-                # what the audit must show; its inputs stay out of the data (an evaluation)
-                self.found.add("model", module)
-
-        def post_forward(module: Any, args: Any, *rest: Any) -> None:
-            # the inputs are read here, where the global hook sees keyword arguments too;
-            # a forward that raised calls this always-called hook as (module, args, None),
-            # without its keyword arguments: the depth unwinds, nothing is recorded, and the
-            # trainer's own exception goes on untouched
-            self.depth = max(0, self.depth - 1)
-            if len(rest) != 2:
-                return
-            kwargs = rest[0]
-            if (
-                self.depth == 0
-                and module.training
-                and torch.is_grad_enabled()
-                and _has_parameters(module)
-            ):
-                given = [
-                    *(t for i, a in enumerate(args) for t in batch_tensors(a, str(i), dict, True)),
-                    *batch_tensors(kwargs, "kw", dict),
-                ]
-                if given:
-                    self.counter.batch(batch_parts(given))
-                loaded = self.loader.take()
-                if loaded:
-                    self.counter.loaded(batch_parts(loaded))
-
         self.handles = [
-            optim.register_optimizer_step_pre_hook(pre_step),
-            optim.register_optimizer_step_post_hook(post_step),
-            nn_module.register_module_forward_pre_hook(pre_forward),
+            optim.register_optimizer_step_pre_hook(self._pre_step),
+            optim.register_optimizer_step_post_hook(self._post_step),
+            nn_module.register_module_forward_pre_hook(self._pre_forward),
             nn_module.register_module_forward_hook(
-                post_forward, with_kwargs=True, always_call=True
+                self._post_forward, with_kwargs=True, always_call=True
             ),
         ]
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from .auto import AutoRecorder, Step, counters, sample_ids
+from .auto import AutoRecorder, Step, counters
 from .fingerprint import Later, deferred, one_transfer
+from .inputs import sample_ids
 
 Write = Callable[[int, Mapping[str, Any], dict[str, Any], bool], None]
 """Writes one step line: its number, the trainer's values, the automatic values, and whether

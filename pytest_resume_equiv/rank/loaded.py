@@ -4,7 +4,7 @@ was given, told apart from what the trainer did to them afterwards.
 A model's inputs are not always the samples: a diffusion trainer adds noise to the latents in
 its loop, a trainer augments or masks a batch after the loader. Their content then says nothing
 of which samples they were, and a data-order bug looks like other content. The loader's own
-batch does: each sample is hashed as the model's inputs are (rank/auto.py `batch_parts`, one id
+batch does: each sample is hashed as the model's inputs are (rank/inputs.py `batch_parts`, one id
 per row of every batched tensor), from the batch the iterator returned.
 
 Every loader's iterator is a `torch.utils.data.dataloader._BaseDataLoaderIter` (the single- and

@@ -1,4 +1,4 @@
-"""The automatic input fingerprint on a device (rank/auto.py `device_row_digests`), run on
+"""The automatic input fingerprint on a device (rank/inputs.py `device_row_digests`), run on
 CPU tensors: reduced a band of columns at a time it gives what one pass over the whole
 batch gives, and nothing crosses to the host before the step's line is written."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from pytest_resume_equiv.rank import auto
+from pytest_resume_equiv.rank import inputs
 
 MASK = (1 << 64) - 1
 
@@ -51,29 +51,29 @@ class HostCopies(TorchFunctionMode):
 )
 def test_bands_add_up_to_the_whole_batch(monkeypatch, band_words, dtype, shape):
     rows = shape[0]
-    monkeypatch.setattr(auto, "BAND_WORDS", band_words * rows)
+    monkeypatch.setattr(inputs, "BAND_WORDS", band_words * rows)
     batch = (torch.arange(torch.Size(shape).numel()) % 251).to(dtype).reshape(shape)
     raw = batch.reshape(-1).view(torch.uint8).reshape(rows, -1)
-    later = auto.device_row_digests(raw)
+    later = inputs.device_row_digests(raw)
     assert later.finish(later.words.tolist()) == whole_batch_digests(raw)
 
 
 def test_rows_that_differ_in_one_element_have_other_digests(monkeypatch):
-    monkeypatch.setattr(auto, "BAND_WORDS", 8)
+    monkeypatch.setattr(inputs, "BAND_WORDS", 8)
     batch = torch.zeros(4, 33)
     batch[2, 31] = 1.0
     raw = batch.view(torch.uint8).reshape(4, -1)
-    later = auto.device_row_digests(raw)
+    later = inputs.device_row_digests(raw)
     digests = later.finish(later.words.tolist())
     assert digests[0] == digests[1] == digests[3] != digests[2]
 
 
 def test_no_copy_to_the_host_until_the_line_is_written(monkeypatch):
-    monkeypatch.setattr(auto, "BAND_WORDS", 64)
+    monkeypatch.setattr(inputs, "BAND_WORDS", 64)
     batch = torch.randn(16, 3, 8, 8)
     raw = batch.reshape(-1).view(torch.uint8).reshape(16, -1)
     with HostCopies() as mode:
-        later = auto.device_row_digests(raw)
+        later = inputs.device_row_digests(raw)
     assert mode.copies == []
     assert later.words.shape == (32,)  # two sums per row: all that crosses, in one copy
     with HostCopies() as mode:
