@@ -71,15 +71,15 @@ class Comparison:
     """"rank R: rng:..." streams that differ but that no compared step draws from: let pass,
     and warned about (unless strict)."""
     ignored: list[str] = field(default_factory=list)
-    one_sided: list[str] = field(default_factory=list)
-    """"rank R: auto:..." keys one run recorded and the other never did at any compared step
-    (its recorder saw no such input): nothing to compare there, so never a divergence."""
     """Audited keys and fields left out because an `ignore=` pattern names them."""
     facts: list[Fact] = field(default_factory=list)
     """What the comparator established besides the first divergence (a topology's
     envelopes and data accounting)."""
     how: str = ""
     """How the comparator compared, in words, when not bit for bit."""
+    one_sided: list[str] = field(default_factory=list)
+    """"auto:... (rank R: the <run> run only)": automatic keys one run recorded and the other
+    recorded at no compared step (its recorder saw no such input): never a divergence."""
 
     @property
     def equal(self) -> bool:

@@ -110,7 +110,7 @@ KEYS = {
     "launch runs rerun values_match",
     "Diagnosis": "class cause notes",
     "Comparison": "split steps world_size problems divergence divergent_keys compared_steps "
-    "context latent ignored facts how",
+    "context latent ignored facts how one_sided",
     "Divergence": "step rank key path expected actual detail node",
     "StepProblem": "kind rank steps message",
     "TopologyFacts": "kind nproc data envelopes exact per_rank shared blind text",
