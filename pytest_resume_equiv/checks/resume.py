@@ -176,6 +176,22 @@ def recorded_automatically(runs: list[Run], split: int) -> list[str]:
     return sorted(k for k in keys if all(k in values for values in steps)) + sorted(found)
 
 
+def compared_words(verdict: Verdict) -> str:
+    """The comparison in words; where the steps matched and the verdict failed all the same,
+    what failed, so that a failure never reads "equal" alone."""
+    cmp = verdict.comparison
+    assert cmp is not None
+    text = format_comparison(cmp, verdict.label)
+    if verdict.failed and cmp.divergence is None and not cmp.problems:
+        failed = [
+            f.words()
+            for f in verdict.every_fact
+            if getattr(f, "failed", False) and hasattr(f, "words")
+        ]
+        text += ", but the test fails: " + ("; ".join(failed) or "see above")
+    return text
+
+
 def one_sided_warning(cmp: Comparison) -> str:
     """Automatic keys one run recorded and the other never could, in words."""
     if not cmp.one_sided:
@@ -316,7 +332,7 @@ class ResumeLike(Check):
         if summary:
             return summary
         assert verdict.comparison is not None
-        return [format_comparison(verdict.comparison, verdict.label).splitlines()[0]]
+        return [compared_words(verdict).splitlines()[0]]
 
     @classmethod
     def proved(cls, verdict: Verdict) -> str:
@@ -337,16 +353,8 @@ class ResumeLike(Check):
         cmp = verdict.comparison
         assert cmp is not None
         lines = [line for item in verdict.every_fact for line in item.lines(verdict.label)]
-        lines.append(format_comparison(cmp, verdict.label))
+        lines.append(compared_words(verdict))
         div = cmp.divergence
-        if verdict.failed and div is None and not cmp.problems:
-            # the steps matched and the verdict failed all the same: never "equal" alone
-            failed = [
-                f.words()
-                for f in verdict.every_fact
-                if getattr(f, "failed", False) and hasattr(f, "words")
-            ]
-            lines[-1] += ", but the test fails: " + ("; ".join(failed) or "see above")
         if verdict.values_match and div is not None:
             lines.append(
                 f"  every value you recorded matches through step {cmp.steps}; the audited "

@@ -239,3 +239,26 @@ def test_every_failure_has_a_few_words_for_the_table(tmp_path):
     _, control = outcome_with(tmp_path / "c", resumed_loss=lambda s, r: s + 1)
     with_control_differing(diverged, control)
     assert outcome_failure(diverged) == "not deterministic without a resume: step 4, rank 0, 'loss'"
+
+
+def test_a_failed_verdict_whose_steps_matched_never_reads_equal_alone():
+    """The gate failed (the resume point differs) while every compared step matched: both the
+    summary's headline and the failure's block say what failed after "equal" (issue 40)."""
+    from pytest_resume_equiv.checks.base import Verdict
+    from pytest_resume_equiv.checks.resume import Resume
+    from pytest_resume_equiv.compare.diff import Comparison
+    from pytest_resume_equiv.compare.gate import GateFacts
+
+    gate = GateFacts("failed", "the uninterrupted run", "", {"0": ["auto:batch"]}, 3, "t.py:9")
+    cmp = Comparison(3, 6, 2, compared_steps=3, facts=[gate])
+    verdict = Verdict("resume", "failed", "split 3", 3, comparison=cmp)
+    expected = (
+        "split 3: equal on all 2 ranks over 3 steps, but the test fails: resume point differs "
+        "from the uninterrupted run's"
+    )
+    assert Resume.headline(verdict) == [expected]
+    assert expected in Resume.block(verdict, None, "kept")
+    passed = Verdict(
+        "resume", "passed", "split 3", 3, comparison=Comparison(3, 6, 2, compared_steps=3)
+    )
+    assert Resume.headline(passed) == ["split 3: equal on all 2 ranks over 3 steps"]
