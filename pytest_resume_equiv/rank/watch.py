@@ -107,12 +107,16 @@ class Watched:
 
 def _covers(watched: Any, found: Any) -> bool:
     """Whether a watched object already audits a found one: the same object, the optimizer
-    a wrapper holds (accelerate's), or a module inside it or around it (DDP, FSDP)."""
-    if watched is found or getattr(watched, "optimizer", None) is found:
+    an optimizer wrapper holds (accelerate's), or a module inside it or around it (DDP,
+    FSDP). A scheduler holds its optimizer too, but audits none of its state: a watched
+    scheduler leaves the optimizer audited (issue 41, case 4)."""
+    if watched is found:
         return True
     torch = sys.modules.get("torch")
     if torch is None:
         return False
+    if isinstance(watched, torch.optim.Optimizer) and getattr(watched, "optimizer", None) is found:
+        return True
     if isinstance(watched, torch.nn.Module) and isinstance(found, torch.nn.Module):
         return any(m is found for m in watched.modules()) or any(
             m is watched for m in found.modules()

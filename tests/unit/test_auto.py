@@ -779,3 +779,26 @@ def test_noise_drawn_before_the_forward_and_a_forward_that_raised_keep_the_point
     assert [v["auto:data"] for s, v in base.steps if s > 3] == [
         v["auto:data"] for _, v in res.steps
     ]
+
+
+def test_a_watched_scheduler_leaves_the_optimizer_it_steps_audited(in_rank):
+    """req.watch(model=..., scheduler=...) beside automatic recording: the scheduler holds
+    its optimizer (`.optimizer`) but fingerprints none of its state, so the optimizer the
+    trainer built stays in the audit (issue 41, case 4: a lost optimizer state read as
+    'computed differently' with the optimizer missing from the gate)."""
+
+    def train():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        req.watch(model=model, scheduler=sched)
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    sig = _run(in_rank, train)
+    keys = sig.by_step()[2]
+    assert "watch:optimizer.state" in keys and "watch:scheduler.last_epoch" in keys
