@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ TRAINERS = """
 import atexit
 import copy
 import os
+import shutil
 import signal
 import threading
 import time
@@ -185,6 +187,10 @@ def interrupt_long_test(trainers, tmp_path, sig) -> tuple[int, str]:
     once every rank began (`interrupt_once_started`); the trainers' folder on PYTHONPATH, in
     front of the branch's own (a replaced PYTHONPATH would run the installed copy)."""
     trainers.makepyfile(test_long=LONG_TEST)
+    # Python stacks on SIGUSR1, should it not stop (`where_stuck`)
+    trainers.makeconftest(
+        "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    )
     started = tmp_path / "started.txt"
     path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
@@ -218,11 +224,46 @@ def interrupt_once_started(cwd, args, env, started, ranks, sig) -> tuple[int, st
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.2)
         proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=60)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"pytest did not stop: {where_stuck(proc)}") from exc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, output
+
+
+def where_stuck(proc: subprocess.Popen) -> str:
+    """A pytest that did not stop: each of its threads' kernel wait channel, its Python stacks
+    (faulthandler, registered on SIGUSR1 by the conftest `interrupt_long_test` writes), py-spy's
+    view of it and its children when py-spy is installed, and what it printed."""
+    pid = proc.pid
+    threads = []
+    for task in sorted(os.listdir(f"/proc/{pid}/task")):
+        try:
+            with (
+                open(f"/proc/{pid}/task/{task}/wchan") as f,
+                open(f"/proc/{pid}/task/{task}/comm") as g,
+            ):
+                threads.append(f"{task} {g.read().strip()} {f.read().strip()}")
+        except OSError:
+            continue
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(2)
+    spy = shutil.which("py-spy")
+    dump = ""
+    if spy:
+        found = subprocess.run(
+            [spy, "dump", "--subprocesses", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        dump = found.stdout + found.stderr
+    os.killpg(pid, signal.SIGKILL)
+    output = proc.communicate(timeout=30)[0]
+    return "threads (tid comm wchan): " + "; ".join(threads) + "\n" + dump + "\noutput:\n" + output
 
 
 def processes_mentioning(text: str) -> list[int]:
