@@ -153,7 +153,13 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(
     for path in stale:
         (path / "run").mkdir(parents=True)
     monkeypatch.setenv("PYTEST_DEBUG_TEMPROOT", str(root))
-    code, output = interrupt_long_test(trainers, tmp_path, sig)
+    # started as from a background job (a CI step, `cmd &`): SIGINT ignored, and inherited so
+    # by the pytest the test starts, which must still stop at Ctrl-C as in a terminal (issue 39)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code, output = interrupt_long_test(trainers, tmp_path, sig)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert all(path.is_dir() for path in stale), output
     assert code == 2, output  # pytest: interrupted
     assert (
