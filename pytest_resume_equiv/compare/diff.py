@@ -298,13 +298,16 @@ def _without_one_sided(
     that run never had the chance (no DataLoader batch, no input it could read), so it is
     noted, never a divergence."""
     kept = []
+    runs = (base[rank], res[rank])
     for d in found:
-        runs = (base[rank], res[rank])
+        if section_of(d.key) != AUTO:  # only automatic keys: the scan below is for them
+            kept.append(d)
+            continue
         never = [
             not any(d.key in values for s, values in steps.items() if s >= first_step)
             for steps in runs
         ]
-        if section_of(d.key) == AUTO and any(never):
+        if any(never):
             run = "resumed" if never[0] else "uninterrupted"
             _note(result.one_sided, f"{d.key} (rank {rank}: the {run} run only)")
         else:
