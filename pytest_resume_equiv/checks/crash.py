@@ -14,8 +14,8 @@ import os
 from typing import Optional
 
 from ..compare import facts
-from ..diagnose import Diagnosis
-from ..diagnose.classes import TORN_CHECKPOINT
+from ..diagnose import Diagnosis, Stage, cause
+from ..diagnose.at_check import CrashedAt
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.layout import crash_record_path
@@ -31,16 +31,9 @@ GROUPS = (
 )
 
 
-def torn_cause(row: Row) -> Diagnosis:
-    """A resume from what a crash left half-written: every part that differs after loading
-    comes from it, so no one object's restore is to blame."""
-    return Diagnosis(
-        f"the resumed run loaded a checkpoint the crash at '{row.point}' ({row.where}) left "
-        "torn or mixed (parts of it from different saves, or missing). Fix: write each "
-        "checkpoint into a temporary folder and rename it once complete, write pointer files "
-        "last, and on resume load only a checkpoint that is complete",
-        TORN_CHECKPOINT,
-    )
+def torn_cause(row: Row) -> Optional[Diagnosis]:
+    """A resume from what a crash left half-written (diagnose/at_check.py)."""
+    return cause(Stage.CRASH, CrashedAt(row.point, row.where))
 
 
 @facts.fact("crash_table")

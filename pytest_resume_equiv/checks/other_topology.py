@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..compare.comparators import Run, WithinEnvelope
 from ..compare.envelope import TopologyFacts
 from ..compare.tolerance import ComparisonRules
-from ..diagnose.across_topologies import topology_diagnosis
+from ..diagnose import Stage, cause
 from ..plan import PlannedLaunch, Planner
 from .base import Check, Judging, Verdict
 from .launches import (
@@ -36,7 +36,7 @@ def judge_topology(
         signatures=(reference, run),
     )
     held = next(f for f in cmp.facts if isinstance(f, TopologyFacts))
-    verdict.diagnosis = topology_diagnosis(cmp, held)
+    verdict.diagnosis = cause(Stage.TOPOLOGY, (cmp, held))
     blind = held.judged_nothing()
     if cmp.equal and blind:
         verdict.status, verdict.why = "abstained", blind

@@ -17,8 +17,8 @@ from ..compare.loaded_step import loaded_step
 from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
 from ..compare.tolerance import ComparisonRules
-from ..diagnose import Diagnosis, diagnose, diagnose_resume_point
-from ..diagnose.classes import FRESH_PROCESS, SAVED_WRONG_BY_ITS_WRITER
+from ..diagnose import Diagnosis, Stage, cause, diagnose, diagnose_resume_point
+from ..diagnose.classes import FRESH_PROCESS
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
 from ..errors import ResumeEquivError
@@ -30,7 +30,7 @@ from .within_noise import fresh_process, rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
-    lines = [f"  likely cause ({diag.bug_class}): {diag.cause}"]
+    lines = [f"  likely cause ({diag.bug_class}): {diag.text()}"]
     lines += [f"  note: {note}" for note in diag.notes]
     return lines
 
@@ -94,22 +94,8 @@ def _saved_wrong_by_source(
     reference: Run, run: Run, split: int, held: GateFacts, rules: ComparisonRules
 ) -> Optional[Diagnosis]:
     """The resumed run restored exactly what the launch that wrote its checkpoint held at the
-    split (the gate held against that launch), yet that state is not the uninterrupted run's
-    there: the checkpoint was saved wrong by that launch (a chain's earlier link saving a state
-    taken before its own load). Never "not restored as saved": it was."""
-    against = gate(reference, None, run, split, rules)
-    if not against.failed:
-        return None
-    rank, keys = next(iter(sorted(against.differing.items())))
-    return Diagnosis(
-        f"rank {rank}: the resumed run restored exactly what {held.reference} held at the "
-        f"split (its resume point matched it bit for bit), yet that differs from the "
-        f"uninterrupted run's state there ({', '.join(keys[:4])}): {held.reference} saved a "
-        "state that was not its live one (a state dict taken before its own load, or an "
-        "object the load replaced). Fix: take each object's state_dict() when saving, from "
-        "the objects the training uses after the load",
-        SAVED_WRONG_BY_ITS_WRITER,
-    )
+    split; the gate against the uninterrupted run says whether that launch saved it wrong."""
+    return cause(Stage.SOURCE, (held, gate(reference, None, run, split, rules)))
 
 
 def saved_again(signatures: Run, split: int, checkpoint: Optional[str]) -> str:

@@ -15,10 +15,10 @@ from typing import Optional
 
 from ..compare.comparators import NOISE_FACTOR, Measured, Run
 from ..compare.gate import GateFacts
-from ..compare.noise import NoiseFacts, rounding_level, scaled_to, split_value
+from ..compare.noise import NoiseFacts, scaled_to, split_value
 from ..compare.tolerance import ComparisonRules
-from ..diagnose import Diagnosis, diagnose
-from ..diagnose.classes import BEYOND_MEASURED_NOISE, FRESH_PROCESS
+from ..diagnose import Diagnosis, Stage, cause, diagnose
+from ..diagnose.at_check import Judged
 from ..rank.layout import is_audit_key
 from .base import Verdict
 
@@ -28,23 +28,8 @@ def gate_of(verdict: Verdict) -> Optional[GateFacts]:
 
 
 def fresh_process(verdict: Verdict) -> Optional[Diagnosis]:
-    """The state loaded exactly and the very first resumed step computes something else, at
-    rounding level: a fresh process computing differently (another kernel, autotuning),
-    not a restore bug."""
-    held, cmp = gate_of(verdict), verdict.comparison
-    if held is None or not held.held or cmp is None or cmp.divergence is None:
-        return None
-    div = cmp.divergence
-    if div.step != cmp.split + 1 or not rounding_level(div.expected, div.actual):
-        return None
-    return Diagnosis(
-        f"the state loaded exactly (the resume point equals {held.reference}'s bit for bit), "
-        f"and the resumed process computes step {div.step} differently at rounding level "
-        f"({div.key} on rank {div.rank}): kernel selection or autotuning in a fresh process "
-        "(cudnn.benchmark, Triton/Inductor autotuning, another reduction order), not a restore "
-        "bug",
-        FRESH_PROCESS,
-    )
+    """The resumed process's own compute, when the verdict's facts show it (diagnose/at_check.py)."""
+    return cause(Stage.FRESH_PROCESS, Judged(gate_of(verdict), verdict.comparison))
 
 
 def on_cpu(run: Run) -> bool:
@@ -155,15 +140,6 @@ def rejudge(
         judged.status, judged.diagnosis = "passed", None
         judged.why = f"within {NOISE_FACTOR:g}x the measured noise ({noise.describe()})"
         return judged
-    div = cmp.divergence
-    where = f"{div.key!r} at step {div.step}, rank {div.rank}" if div else "the steps recorded"
     judged.status, judged.why = "failed", f"beyond {NOISE_FACTOR:g}x the measured noise"
-    judged.diagnosis = Diagnosis(
-        f"the resume point matched exactly, but {where} left {NOISE_FACTOR:g}x the noise "
-        f"measured between {'resumed processes' if noise.source == 'resumed' else 'uninterrupted runs'}: "
-        "cause unknown: state the audit does not see differs after the resume (record or "
-        "watch() it), or the noise is larger than the runs measured it (more runs: "
-        "--resume-equiv-noise-runs)",
-        BEYOND_MEASURED_NOISE,
-    )
+    judged.diagnosis = cause(Stage.NOISE, Judged(held, cmp, noise.source))
     return judged

@@ -1,12 +1,14 @@
 """Name the most likely cause of the first divergence, in words a user understands, and only
 from evidence that separates it from its look-alikes.
 
-In time order, the first difference being the cause and later ones its symptoms:
-1. at the resume point (`at_resume.py`): the checkpoint, then the state right before the
-   first resumed step compared with the uninterrupted run at the same program point, read
-   with the restore log and the draws traced before that point;
-2. at the first divergent step (`at_step.py`): what differs there, when the resume point
-   does not explain it (no snapshot, or everything matched there).
+The rules (registry.py, one per cause) are asked stage by stage, in time order, the first
+difference being the cause and later ones its symptoms:
+1. at the resume point: the checkpoint, the train/eval flags, then the state right before the
+   first resumed step compared with the uninterrupted run at the same program point, one
+   stream or object at a time (a data replay leads over a stream it explains);
+2. at the first divergent step, when the resume point does not explain the divergence (no
+   snapshot, or everything matched there: then only causes that blame nothing audited).
+Notes are added last.
 """
 
 from __future__ import annotations
@@ -14,21 +16,20 @@ from __future__ import annotations
 from typing import Optional
 
 from ..compare.diff import Comparison
-from ..rank.layout import WATCH, section_of
 from ..signature import Signature
-from .at_resume import RESUME_RULES, checkpoint_rewritten, drawn_before_restore, other_checkpoint
-from .at_step import classify_at_step
-from .at_step_data import inputs_note, re_executed, replay_leads
-from .classes import (
-    DATA_ORDER,
-    DATALOADER_WORKERS,
-    RESTORED_THEN_ADVANCED,
-    UNAUDITED_INPUT,
-    UNKNOWN,
-)
-from .evidence import Diagnosis, Evidence
+from .at_resume import state_at_resume
+from .evidence import Evidence
+from .registry import NOTES, leads_over, stage
+from .rules import Diagnosis, Stage, first
+from .subject import held_at_resume
 
-__all__ = ["Diagnosis", "diagnose", "diagnose_resume_point"]
+__all__ = ["Diagnosis", "Stage", "cause", "diagnose", "diagnose_resume_point"]
+
+
+def cause(of: Stage, subject: object) -> Optional[Diagnosis]:
+    """The cause the rules of stage `of` find in `subject` (the input that stage reads:
+    at_check.py says which), None when none does."""
+    return first(stage(of), subject)
 
 
 def diagnose(
@@ -42,19 +43,15 @@ def diagnose(
         return None
     ev = Evidence.of(cmp, base, res)
     if cmp.divergence is None:
-        return other_checkpoint(ev) or checkpoint_rewritten(ev) or re_executed(ev)
-    found = next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
-    if found is not None and found.bug_class == RESTORED_THEN_ADVANCED:
-        found = replay_leads(ev, found) or found
+        return first(stage(Stage.CHECKPOINT), ev) or first(stage(Stage.NO_DIVERGENCE), ev)
+    found = _at_resume_point(ev)
     if found is None:
-        found = classify_at_step(ev)
-        if found.bug_class in (DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT, UNKNOWN):
-            lead = drawn_before_restore(ev)
-            if lead:
-                found.notes.append(lead)
-    for note in (inputs_note(ev, found), _only_other_ranks(ev)):
-        if note:
-            found.notes.append(note)
+        found = first(stage(Stage.HELD if held_at_resume(ev) else Stage.STEP), ev)
+    assert found is not None, "the step stages end with a rule that always answers"
+    for note in NOTES:
+        said = note.say(ev, found) if note.applies(found) else ""
+        if said:
+            found.notes.append(said)
     return found
 
 
@@ -62,23 +59,20 @@ def diagnose_resume_point(
     cmp: Comparison, base: dict[int, Signature], res: dict[int, Signature]
 ) -> Optional[Diagnosis]:
     """The cause of a difference at the resume point when every later step matched (the gate
-    failed, the trajectory did not): the resume-point rules alone."""
-    ev = Evidence.of(cmp, base, res)
-    return next((d for d in (rule(ev) for rule in RESUME_RULES) if d is not None), None)
+    failed, the trajectory did not): the resume-point stages alone."""
+    return _at_resume_point(Evidence.of(cmp, base, res), lead=False)
 
 
-def _only_other_ranks(ev: Evidence) -> str:
-    """Ranks whose own recorded values or random streams differ, when rank 0's do not (its
-    watched parameters can differ only because gradients were all-reduced with theirs)."""
-    ranks = sorted(
-        r for r, keys in ev.differing.items() if any(section_of(k) != WATCH for k in keys)
+def _at_resume_point(ev: Evidence, lead: bool = True) -> Optional[Diagnosis]:
+    found = (
+        first(stage(Stage.CHECKPOINT), ev)
+        or first(stage(Stage.RESUME_POINT), ev)
+        or state_at_resume(ev, stage(Stage.STREAM), stage(Stage.OBJECT))
     )
-    if not ranks or 0 in ranks:
-        return ""
-    many = len(ranks) > 1
-    return (
-        f"rank 0's recorded values and random streams match; only "
-        f"{'ranks' if many else 'rank'} {', '.join(map(str, ranks))} "
-        f"{'differ' if many else 'differs'}: per-rank state (RNG, data cursor, extra_state) "
-        "was probably saved from rank 0 only, or keyed by local rank instead of global rank"
-    )
+    if found is None or not lead:
+        return found
+    leading = first(leads_over(found.bug_class), ev)
+    if leading is None:
+        return found
+    leading.notes.append(f"also: {found.text()}")
+    return leading

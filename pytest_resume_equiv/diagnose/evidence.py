@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..compare.diff import Comparison, value_difference
-from ..compare.jsonable import json_key
 from ..rank.encode import decode_float
 from ..rank.layout import watch_key, watched, watched_part
 from ..signature import Signature
@@ -21,14 +20,6 @@ Steps = dict[int, dict[int, dict[str, Any]]]
 ROUNDING = 1e-2
 """Relative norm difference below which differing weights count as rounding-level
 (bf16 keeps about 3 significant digits)."""
-
-
-@dataclass
-class Diagnosis:
-    cause: str
-    bug_class: str = field(metadata=json_key("class"))
-    """Short name of the kind of bug, as the bug catalogue names it."""
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

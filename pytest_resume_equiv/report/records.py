@@ -250,7 +250,7 @@ class TestRecord:
     def junit_properties(self) -> list[tuple[str, Any]]:
         """The test's properties in JUnit XML (strings; lists joined by " | ")."""
         causes = [
-            f"split {v.split}: {v.diagnosis.bug_class}: {v.diagnosis.cause}"
+            f"split {v.split}: {v.diagnosis.bug_class}: {v.diagnosis.text()}"
             for run in self.runs
             for v in run.verdicts
             if v.primary and v.diagnosis is not None

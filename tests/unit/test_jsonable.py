@@ -108,7 +108,7 @@ KEYS = {
     "killed_after_step run_dir command",
     "Verdict": "check status label split why comparison likely_cause facts primary chain_link "
     "launch runs rerun values_match",
-    "Diagnosis": "class cause notes",
+    "Diagnosis": "class cause evidence fix notes rule",
     "Comparison": "split steps world_size problems divergence divergent_keys compared_steps "
     "context latent ignored facts how one_sided",
     "Divergence": "step rank key path expected actual detail node",
@@ -191,6 +191,9 @@ def test_the_json_report_keys_of_a_verdict_with_a_comparison_a_diagnosis_and_fac
         "class": "cpu RNG",
         "cause": "it was not restored",
         "notes": ["a note"],
+        "rule": "",
+        "fix": "",
+        "evidence": {},
     }
     assert resume["chain_link"] == 2 and teeth["chain_link"] == 0
     assert resume["first_divergence"]["uninterrupted"] == "4.5"  # readable, for the report

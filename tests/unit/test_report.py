@@ -147,7 +147,13 @@ def test_a_failed_launch_shows_the_failing_rank_first_with_its_last_lines(tmp_pa
 
 def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     _, outcome = outcome_with(tmp_path, resumed_loss=lambda s, r: s)
-    outcome.verdicts[0].diagnosis = Diagnosis("rank 0, step 4: it was not restored", "cpu RNG")
+    outcome.verdicts[0].diagnosis = Diagnosis(
+        "rank 0, step 4: it was not restored",
+        "cpu RNG",
+        rule="step.cpu-rng",
+        fix="save torch.get_rng_state()",
+        evidence={"where": "rank 0, step 4", "stream": "cpu"},
+    )
     with_teeth(outcome, "cancelled", "the resume from step 3 diverged")
     run = RunRecord.of(outcome, outcome_failure(outcome), ["a warning"])
     assert [(x.name, x.role) for x in run.launches] == [
@@ -165,6 +171,9 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
         "class": "cpu RNG",
         "cause": "rank 0, step 4: it was not restored",
         "notes": [],
+        "rule": "step.cpu-rng",
+        "fix": "save torch.get_rng_state()",
+        "evidence": {"where": "rank 0, step 4", "stream": "cpu"},
     }
     assert data["runs"][0]["teeth"] == {
         "status": "cancelled",
@@ -198,7 +207,7 @@ def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
     assert props["resume_equiv_launches"] == 2
     assert (
         props["resume_equiv_likely_cause"]
-        == "split 3: cpu RNG: rank 0, step 4: it was not restored"
+        == "split 3: cpu RNG: rank 0, step 4: it was not restored. Fix: save torch.get_rng_state()"
     )
     assert props["resume_equiv_teeth_check"] == "cancelled: the resume from step 3 diverged"
     assert props["resume_equiv_warnings"] == "a warning"

@@ -4,7 +4,7 @@ global batch, values equal on every rank within the topology's own noise."""
 from test_compare import sig
 
 from pytest_resume_equiv.compare.envelope import ENVELOPE_FACTOR, compare_topology
-from pytest_resume_equiv.diagnose.across_topologies import topology_diagnosis
+from pytest_resume_equiv.diagnose import Stage, cause
 
 STEPS, SPLIT, BATCH = 6, 3, 4
 
@@ -48,8 +48,8 @@ def test_beyond_the_noise_with_exact_data_fails_with_the_cause_unknown():
     cmp, check = judge(run("resumed", 1, range(4, 7), loss=lambda s: 1.0 / s + 1e-3))
     assert not cmp.equal and cmp.divergence.key == "loss" and cmp.divergence.step == 4
     assert "beyond the topology's noise" in cmp.divergence.detail
-    diagnosis = topology_diagnosis(cmp, check)
-    assert diagnosis.bug_class == "unknown" and "cause unknown" in diagnosis.cause
+    diagnosis = cause(Stage.TOPOLOGY, (cmp, check))
+    assert diagnosis.bug_class == "unknown" and "cause unknown" in diagnosis.text()
 
 
 def test_samples_skipped_per_process_are_named_before_any_value():
@@ -61,8 +61,8 @@ def test_samples_skipped_per_process_are_named_before_any_value():
     assert account.missing == list(range(16, 24))  # steps 5-6 of the uninterrupted run
     assert "ids 16-23 never seen" in account.text()
     assert cmp.divergence.key == "sample_ids" and cmp.divergence.step == 4
-    diagnosis = topology_diagnosis(cmp, check)
-    assert diagnosis.bug_class == "data order" and "not numeric noise" in diagnosis.cause
+    diagnosis = cause(Stage.TOPOLOGY, (cmp, check))
+    assert diagnosis.bug_class == "data order" and "not numeric noise" in diagnosis.text()
     assert "started from an earlier place in the data" in diagnosis.notes[0]
 
 
@@ -116,7 +116,7 @@ def test_ranks_that_share_samples_are_named_instead_of_a_per_process_skip():
     (check,) = cmp.facts
     assert not cmp.equal and check.data[0].fewer == list(range(12, 24))
     assert "seen fewer times than in the uninterrupted run" in check.data[0].text()
-    note = topology_diagnosis(cmp, check).notes[0]
+    note = cause(Stage.TOPOLOGY, (cmp, check)).notes[0]
     assert "ranks consumed the same samples at step 1" in note and "not sharded" in note
 
 

@@ -1,0 +1,205 @@
+"""The causes read from the checkpoint itself (`Stage.CHECKPOINT`), before any stream or
+object: which checkpoint the resumed run loaded (the restore log against the saving run's file
+events) and when it was written. Each of them makes every stream and object differ at once."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ..rank.layout import target_file
+from .classes import ANOTHER_STEPS_CHECKPOINT, RESTORED_FROM_ANOTHER_STEP, TORN_CHECKPOINT
+from .evidence import Evidence, touches
+from .rules import Finding, Rule, Stage
+from .subject import equal_to_step
+
+STAGE = (Stage.CHECKPOINT,)
+
+
+def _writes(ev: Evidence) -> list[dict]:
+    """Per rank whose resumed run names the checkpoint it loaded: its path and the saving
+    run's file events there, split by when they happened (read from the events of the run
+    that saved it, never from file times: the resumed run may write into the folder it
+    loaded)."""
+    saved = [ev.base_sigs[r].resume_point(ev.split) for r in sorted(ev.base_sigs)]
+    if not saved or any(p is None for p in saved):
+        return []
+    moved_on = max(p.get("time_ns", 0) for p in saved)
+    found = []
+    for rank in sorted(ev.res_sigs):
+        _, res = ev.points(rank)
+        path = ((res or {}).get("checkpoint") or {}).get("path")
+        if not path or not moved_on:
+            continue
+        path = os.path.realpath(path)
+        writes = [
+            (r, e) for r, sig in sorted(ev.base_sigs.items()) for e in sig.files if touches(e, path)
+        ]
+        loaded_by = (res or {}).get("time_ns") or float("inf")
+        again = [(r, e) for r, e in writes if (e.get("after_step") or 0) > ev.split]
+        found.append(
+            {
+                "rank": rank,
+                "path": path,
+                "writes": writes,
+                "on_time": [(r, e) for r, e in writes if e.get("time_ns", 0) <= moved_on],
+                "behind": [
+                    (r, e) for r, e in writes if e.get("time_ns", 0) > moved_on and e.get("thread")
+                ],
+                "again": [(r, e) for r, e in again if e.get("time_ns", 0) < loaded_by],
+            }
+        )
+    return found
+
+
+def _restored_step(ev: Evidence, rank: int) -> Optional[int]:
+    return equal_to_step(ev, rank) or equal_to_step(ev, rank, part="state")
+
+
+def _event(writer: int, event: dict) -> dict:
+    op, path = event["op"], os.path.basename(event.get("path", ""))
+    to = f" -> {os.path.basename(event['to'])}" if event.get("to") else ""
+    return {
+        "writer": writer,
+        "write": f"{op}({path}{to})",
+        "after_step": event.get("after_step"),
+        "thread": event.get("thread"),
+    }
+
+
+def written_late(ev: Evidence) -> Optional[Finding]:
+    """The checkpoint was not on disk when the uninterrupted run went on past the split: it
+    was written later, or partly in a background thread then, after training had changed the
+    tensors it holds."""
+    for found in _writes(ev):
+        if found["writes"] and (not found["on_time"] or found["behind"]):
+            writer, event = (found["behind"] or found["writes"])[0]
+            return Finding(
+                f"rank {found['rank']}",
+                {
+                    "path": found["path"],
+                    "split": ev.split,
+                    "restored_step": _restored_step(ev, found["rank"]),
+                    **_event(writer, event),
+                },
+            )
+    return None
+
+
+def _state_words(f: Finding) -> str:
+    step = f["restored_step"]
+    if not step:
+        return ""
+    state = f"; what it restored is the uninterrupted run's state after step {step}"
+    if step > f["split"]:
+        state += ": its contents are from a later step than it claims, a staging race"
+    return state
+
+
+def _late_words(f: Finding) -> str:
+    thread = f" in thread {f['thread']!r}" if f["thread"] else ""
+    return (
+        f"the checkpoint at {f['path']} was not on disk when the uninterrupted run went on "
+        f"past step {f['split']}; it was written later{thread} (rank {f['writer']}: "
+        f"{f['write']} after step {f['after_step']}), after training had changed the "
+        f"tensors{_state_words(f)}"
+    )
+
+
+def rewritten(ev: Evidence) -> Optional[Finding]:
+    """The checkpoint was written again by the uninterrupted run after it saved it at the
+    split, before the resumed run loaded it: a later save to the same path (a rolling path)."""
+    for found in _writes(ev):
+        if found["again"]:
+            writer, event = found["again"][0]
+            return Finding(
+                f"rank {found['rank']}",
+                {
+                    "path": found["path"],
+                    "split": ev.split,
+                    "restored_step": _restored_step(ev, found["rank"]),
+                    **_event(writer, event),
+                },
+                variant="rolling",
+            )
+    return None
+
+
+def _rewritten_words(f: Finding) -> str:
+    return (
+        f"the checkpoint at {f['path']} was written again by the uninterrupted run after it "
+        f"saved it at step {f['split']} (rank {f['writer']}: {f['write']} after step "
+        f"{f['after_step']}), before the resumed run loaded it: the resumed run loaded a later "
+        f"save to the same path{_state_words(f)}"
+    )
+
+
+def other_step_loaded(ev: Evidence) -> Optional[Finding]:
+    """The resumed run read the checkpoint of another step than the one the test gave it (the
+    newest folder, a `latest` pointer that moved on, a step computed wrongly): its restore log
+    read files outside the given checkpoint that the uninterrupted run wrote after another
+    step, and what it restored equals that step's state (or it read nothing inside the given
+    one)."""
+    written: dict[str, int] = {}
+    for sig in ev.base_sigs.values():
+        for event in sig.files:
+            for path in (event.get("path"), event.get("to")):
+                if path and isinstance(event.get("after_step"), int):
+                    written[os.path.realpath(path)] = event["after_step"]
+    for rank in sorted(ev.res_sigs):
+        _, res = ev.points(rank)
+        given = ((res or {}).get("checkpoint") or {}).get("path")
+        if not given:
+            continue
+        given = os.path.realpath(given)
+        log = ev.restores(rank)[: (res or {}).get("restores", len(ev.restores(rank)))]
+        elsewhere, inside = [], 0
+        for entry in log:
+            path = target_file(entry["what"])
+            real = os.path.realpath(path) if path else None
+            if real is None:
+                continue
+            if real == given or real.startswith(given.rstrip(os.sep) + os.sep):
+                inside += 1
+            elif written.get(real, ev.split) != ev.split:
+                elsewhere.append((entry, real, written[real]))
+        if not elsewhere:
+            continue
+        entry, path, step = elsewhere[-1]
+        same = _restored_step(ev, rank)
+        if same != step and inside:
+            continue  # it read the given checkpoint too, and nothing says it used the other
+        evidence = {"step": step, "split": ev.split, "read": path, "call": entry["call"]}
+        evidence.update(at=entry["at"], given=given, restored_step=same)
+        return Finding(f"rank {rank}", evidence)
+    return None
+
+
+def _other_step_words(f: Finding) -> str:
+    state = (
+        f"; what it restored equals the uninterrupted run's state after step {f['step']}"
+        if f["restored_step"] == f["step"]
+        else ""
+    )
+    return (
+        f"loaded the checkpoint of step {f['step']}, not the one of step {f['split']}: the "
+        f"restore log read {f['read']} ({f['call']} at {f['at']}), which the uninterrupted run "
+        f"wrote after step {f['step']}, while the resume was pointed at {f['given']}{state}"
+    )
+
+
+OTHER_STEP, LATE = "checkpoint.another-steps-loaded", "checkpoint.written-late"
+RULES = (
+    Rule(OTHER_STEP, STAGE, ANOTHER_STEPS_CHECKPOINT, other_step_loaded, _other_step_words),
+    Rule(LATE, STAGE, TORN_CHECKPOINT, written_late, _late_words, (OTHER_STEP,)),
+    Rule(
+        "checkpoint.rewritten",
+        STAGE,
+        RESTORED_FROM_ANOTHER_STEP,
+        rewritten,
+        _rewritten_words,
+        after=(LATE,),
+    ),
+)
+"""A checkpoint of another step explains a late one's contents; a late write explains a
+rewritten path's (the late one is the save that never finished in time)."""

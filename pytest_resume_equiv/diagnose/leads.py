@@ -1,0 +1,159 @@
+"""What the diagnosis says beside or instead of a cause: a data replay that leads over the
+stream the resume point blamed (`Stage.LEAD`), a re-execution read from the steps a resumed
+run recorded past the end (`Stage.NO_DIVERGENCE`), and the notes (`Note`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..compare.accounting import BATCH_KEY, CONTENT_KEY, account
+from ..compare.step_problems import step_ranges
+from ..rank.layout import WATCH, section_of
+from .at_resume import drawn_before_restore
+from .classes import (
+    DATA_ORDER,
+    DATALOADER_WORKERS,
+    RE_EXECUTED_STEPS,
+    RESTORED_THEN_ADVANCED,
+    UNAUDITED_INPUT,
+    UNKNOWN,
+    rng_before_iterator,
+)
+from .data_inputs import content_account, order_finding, order_words
+from .evidence import Evidence
+from .rules import Diagnosis, Finding, Note, Rule, Stage
+
+
+def data_replayed(ev: Evidence) -> Optional[Finding]:
+    """The resumed steps consumed, in order, the batches of steps before the split: a stream
+    restored from the saved state (or one re-derived from it when an iterator starts) draws
+    no earlier part of the data again, so the replay is the data position's (the resumed
+    epoch started over, its batches not skipped: HF Trainer's --ignore_data_skip), and it
+    leads; the stream is a second finding."""
+    item = content_account(ev)
+    if item is None or not item.replayed or not item._replay_is_all():
+        return None
+    return order_finding(
+        ev,
+        item,
+        "which a random stream restored from the saved state does not replay (the one that "
+        "differs is a second finding, noted below)",
+    )
+
+
+def re_executed(ev: Evidence) -> Optional[Finding]:
+    """The resumed run recorded steps past steps= and its data shows why: from its first step
+    it consumed, in order, the batches of the steps before the split, as many as it ran too
+    many. It re-executed those steps (an epoch counter saved as the epoch the checkpoint was
+    made in, so the resume runs that epoch again), not a later stop condition."""
+    steps = ev.cmp.steps
+    extra = sorted({s for by_step in ev.res.values() for s in by_step if s > steps})
+    if not extra:
+        return None
+    for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps, ev.cmp.ignored):
+        pairs = item.batches or (list(zip(*item.replayed)) if item.replayed else [])
+        first = dict(pairs).get(ev.split + 1)
+        if first is None or first > ev.split:
+            continue
+        back = ev.split + 1 - first
+        shown = [(s, t) for s, t in pairs if s - t == back]
+        in_order = [(ev.split + 1 + k, first + k) for k in range(len(shown))]
+        if max(extra) != steps + back or shown != in_order:
+            continue
+        what = "inputs by content" if item.key == CONTENT_KEY else f"sample ids ({item.key})"
+        evidence = {"first": first, "split": ev.split, "steps": steps, "what": what}
+        evidence.update(last=list(shown[-1]), extra=len(extra), up_to=max(extra), back=back)
+        return Finding("", evidence)
+    return None
+
+
+def _re_executed_words(f: Finding) -> str:
+    first, split, last = f["first"], f["split"], f["last"]
+    start = (
+        "restarted from step 1: its epoch or step counter was not restored, or was saved as "
+        "the epoch the checkpoint was made in"
+        if first == 1
+        else f"restarted at step {first}: the epoch (or step) counter it saved is that of "
+        "the epoch the checkpoint was made in, already done"
+    )
+    return (
+        f"the resumed run re-executed steps {step_ranges(range(first, split + 1))}: its "
+        f"{f['what']} at steps {split + 1}-{last[0]} are those of steps {first}-{last[1]}, in "
+        f"order, and it recorded {f['extra']} steps past steps={f['steps']} (up to "
+        f"{f['up_to']}): it ran {f['back']} steps more than the uninterrupted run had left, so "
+        f"it {start}"
+    )
+
+
+RULES = (
+    Rule(
+        "lead.data-replayed",
+        (Stage.LEAD,),
+        DATA_ORDER,
+        data_replayed,
+        order_words,
+        over=(RESTORED_THEN_ADVANCED, rng_before_iterator("cpu")),
+    ),
+    Rule(
+        "no-divergence.re-executed-steps",
+        (Stage.NO_DIVERGENCE,),
+        RE_EXECUTED_STEPS,
+        re_executed,
+        _re_executed_words,
+    ),
+)
+
+
+def inputs_effect(ev: Evidence, found: Diagnosis) -> str:
+    """For a cause found elsewhere (a random stream that differs): the inputs that differ are
+    its effect, not a data-order bug of their own. The batches a DataLoader yielded, when they
+    match, say the samples were the same and changed after loading; otherwise inputs found
+    nowhere are other samples or the same ones transformed, either drawn from that stream."""
+    if not any(CONTENT_KEY in keys for keys in ev.differing.values()):
+        return ""
+    item = content_account(ev)
+    if item is not None and item.key == BATCH_KEY and item.exact:
+        return (
+            f"the batches the DataLoader yielded ({BATCH_KEY}) are the uninterrupted run's at "
+            f"every step, the model's inputs ({CONTENT_KEY}) are not: the samples were changed "
+            "after loading (noise or an augmentation in the loop), an effect of the cause above "
+            "where they draw from it"
+        )
+    if item is None or not item.content_differs:
+        return ""
+    what = "batches the DataLoader yielded" if item.key == BATCH_KEY else "model's inputs"
+    return (
+        f"the {what} ({item.key}) hold content found nowhere in the uninterrupted run from "
+        f"step {item.unknown_steps[0]} on: other samples, or the same samples transformed "
+        "otherwise; either may be an effect of the cause above where they draw from it"
+    )
+
+
+def only_other_ranks(ev: Evidence, found: Diagnosis) -> str:
+    """Ranks whose own recorded values or random streams differ, when rank 0's do not (its
+    watched parameters can differ only because gradients were all-reduced with theirs)."""
+    ranks = sorted(
+        r for r, keys in ev.differing.items() if any(section_of(k) != WATCH for k in keys)
+    )
+    if not ranks or 0 in ranks:
+        return ""
+    many = len(ranks) > 1
+    return (
+        f"rank 0's recorded values and random streams match; only "
+        f"{'ranks' if many else 'rank'} {', '.join(map(str, ranks))} "
+        f"{'differ' if many else 'differs'}: per-rank state (RNG, data cursor, extra_state) "
+        "was probably saved from rank 0 only, or keyed by local rank instead of global rank"
+    )
+
+
+DATA_CLASSES = (DATA_ORDER, DATALOADER_WORKERS, UNAUDITED_INPUT, UNKNOWN)
+NOTES = (
+    Note(
+        "note.drawn-before-restore",
+        lambda ev, found: drawn_before_restore(ev),
+        classes=DATA_CLASSES,
+    ),
+    Note("note.inputs-are-an-effect", inputs_effect, unless=DATA_CLASSES),
+    Note("note.only-other-ranks", only_other_ranks),
+)
+"""In the order the report prints them."""
