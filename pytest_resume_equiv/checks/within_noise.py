@@ -29,7 +29,8 @@ def gate_of(verdict: Verdict) -> Optional[GateFacts]:
 
 def fresh_process(verdict: Verdict) -> Optional[Diagnosis]:
     """The resumed process's own compute, when the verdict's facts show it (diagnose/at_check.py)."""
-    return cause(Stage.FRESH_PROCESS, Judged(gate_of(verdict), verdict.comparison))
+    judged = Judged(gate_of(verdict), verdict.comparison, runs=verdict.signatures)
+    return cause(Stage.FRESH_PROCESS, judged)
 
 
 def on_cpu(run: Run) -> bool:
@@ -40,9 +41,20 @@ def _repeated_exactly(verdict: Verdict, reference: Run, run: Run, noise: NoiseFa
     """Two resumed processes agree bit for bit and differ from the uninterrupted run, on the
     CPU, where a fresh process picks no other kernel: the difference is the resume's (state the
     audit does not see: gradient buffers, a micro-step counter), so the ordinary diagnosis
-    speaks."""
+    speaks; unless every difference stays at rounding level (the resumed process's own code
+    path sums in another order, deterministically): that is no restore bug, and no exact
+    judgement can pass it either, so the verdict abstains, saying so."""
     cmp = verdict.comparison
     assert cmp is not None
+    own = fresh_process(verdict)
+    if own is not None and own.rule == "fresh-process.rounding-level-throughout":
+        return _abstain(
+            verdict,
+            "a second resumed process repeats this run bit for bit, and every difference from "
+            "the uninterrupted run stays at rounding level after the exact resume point: "
+            f"{own.cause}",
+            noise,
+        )
     diagnosis = diagnose(cmp, reference, run)
     diagnosis.notes.append(
         "a second resumed process from the same checkpoint repeats this run bit for bit, on the "

@@ -110,6 +110,15 @@ class Exact:
         return ""
 
 
+def data_accounts(cmp: Comparison, reference: Run, run: Run) -> list[DataAccount]:
+    """The data accounting a comparison made (its `DataFacts`), or, for a comparison made
+    without it (by `compare_runs` alone), the same accounting made once now."""
+    made = next((f for f in cmp.facts if isinstance(f, DataFacts)), None)
+    if made is not None:
+        return made.accounts
+    return account(reference, run, cmp.split, cmp.steps, cmp.ignored)
+
+
 class Tolerant(Exact):
     """Exact, except for the numbers the test's tolerance lets move (`tolerance.py`)."""
 

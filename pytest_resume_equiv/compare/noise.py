@@ -110,6 +110,17 @@ def size_words(a: Any, b: Any) -> str:
     return ", ".join(parts) + f": differs {'at ' if rel <= ROUNDING else ''}{level}"
 
 
+def relative_gap(a: Any, b: Any) -> Optional[float]:
+    """The largest difference between the numbers of two encoded values relative to their
+    size (0 where they differ only below what their numbers resolve, a hash); None when they
+    differ in anything that is not a number."""
+    dev = deviation(a, b)
+    if dev is None:
+        return None
+    scale = max(magnitude(a), magnitude(b))
+    return 0.0 if dev == 0 else dev / scale if scale > 0 else math.inf
+
+
 def rounding_level(a: Any, b: Any) -> bool:
     dev = deviation(a, b)
     if dev is None:

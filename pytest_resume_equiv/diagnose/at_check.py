@@ -12,7 +12,8 @@ from ..compare.comparators import NOISE_FACTOR
 from ..compare.diff import Comparison, Divergence
 from ..compare.envelope import TopologyFacts
 from ..compare.gate import GateFacts
-from ..compare.noise import rounding_level
+from ..compare.noise import ROUNDING, relative_gap, rounding_level
+from ..signature import Signature
 from .classes import (
     BEYOND_MEASURED_NOISE,
     DATA_ORDER,
@@ -135,6 +136,47 @@ class Judged:
     gate: Optional[GateFacts]
     cmp: Optional[Comparison]
     noise_source: str = ""
+    runs: Optional[tuple[dict[int, Signature], dict[int, Signature]]] = None
+    """(uninterrupted, resumed) signatures, where the rule reads every step."""
+
+
+def rounding_throughout(judged: Judged) -> Optional[Finding]:
+    """The state loaded exactly (the gate held), and every value that differs after the
+    split, at every step, on every rank, differs at rounding level only (or only below what
+    its statistics resolve), the losses included: the resumed process computes otherwise (a
+    reduction in another order, a kernel, a code path of its own), and nothing it restored or
+    missed moves the training. State the audit does not see moves values materially, and its
+    effect grows over the steps; this does neither."""
+    held, cmp = judged.gate, judged.cmp
+    if held is None or not held.held or cmp is None or cmp.divergence is None or not judged.runs:
+        return None
+    worst, keys = 0.0, set()
+    for rank, sig in judged.runs[1].items():
+        theirs = judged.runs[0].get(rank)
+        base = theirs.by_step() if theirs is not None else {}
+        for step, values in sig.by_step().items():
+            for key, value in values.items() if step > cmp.split else ():
+                other = base.get(step, {}).get(key)
+                if other == value or key in cmp.ignored:
+                    continue
+                gap = relative_gap(other, value)
+                if gap is None or gap > ROUNDING:
+                    return None
+                worst, keys = max(worst, gap), keys | {key}
+    if not keys:
+        return None
+    evidence = {"reference": held.reference, "keys": sorted(keys)[:4], "gap": worst}
+    return Finding("", {**evidence, **_divergence(cmp.divergence)})
+
+
+def _throughout_words(f: Finding) -> str:
+    return (
+        f"the state loaded exactly (the resume point equals {f['reference']}'s bit for bit), "
+        f"and the resumed process computes step {f['step']} differently at rounding level "
+        f"({f['key']} on rank {f['rank']}), and every later step too: every value that differs "
+        f"stays at rounding level (at most relative {f['gap']:.1g}: {', '.join(f['keys'])}), "
+        "another reduction order, kernel or code path in the resumed process, not a restore bug"
+    )
 
 
 def fresh_process(judged: Judged) -> Optional[Finding]:
@@ -218,11 +260,19 @@ RULES = (
         always=True,
     ),
     Rule(
+        "fresh-process.rounding-level-throughout",
+        (Stage.FRESH_PROCESS,),
+        FRESH_PROCESS,
+        rounding_throughout,
+        _throughout_words,
+    ),
+    Rule(
         "fresh-process.rounding-level",
         (Stage.FRESH_PROCESS,),
         FRESH_PROCESS,
         fresh_process,
         _fresh_words,
+        after=("fresh-process.rounding-level-throughout",),
     ),
     Rule(
         "noise.beyond-measured-noise",

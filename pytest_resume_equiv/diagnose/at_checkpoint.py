@@ -8,8 +8,13 @@ import os
 from typing import Optional
 
 from ..rank.layout import target_file
-from .classes import ANOTHER_STEPS_CHECKPOINT, RESTORED_FROM_ANOTHER_STEP, TORN_CHECKPOINT
-from .evidence import Evidence, touches
+from .classes import (
+    ANOTHER_STEPS_CHECKPOINT,
+    GRADIENT_ACCUMULATION,
+    RESTORED_FROM_ANOTHER_STEP,
+    TORN_CHECKPOINT,
+)
+from .evidence import LOSS_KEY, Evidence, lost_micro_batches, touches
 from .rules import Finding, Rule, Stage
 from .subject import equal_to_step
 
@@ -47,6 +52,13 @@ def _writes(ev: Evidence) -> list[dict]:
                     (r, e) for r, e in writes if e.get("time_ns", 0) > moved_on and e.get("thread")
                 ],
                 "again": [(r, e) for r, e in again if e.get("time_ns", 0) < loaded_by],
+                "mid_step": [
+                    (r, e)
+                    for r, e in writes
+                    if e.get("time_ns", 0) > moved_on
+                    and not e.get("thread")
+                    and e.get("after_step") == ev.split
+                ],
             }
         )
     return found
@@ -134,6 +146,41 @@ def _rewritten_words(f: Finding) -> str:
     )
 
 
+def saved_mid_window(ev: Evidence) -> Optional[Finding]:
+    """The checkpoint was written again by the uninterrupted run after it began the step
+    after the split (after that step's first forward, still counted as the split's: no
+    optimizer step in between) while that step accumulates several micro-batches: it was
+    saved in the middle of an accumulation window, and the gradients accumulated before the
+    save are not in it. How many micro-batches the first resumed step lost is read from the
+    losses of each backward (automatic recording), where they show it."""
+    for found in _writes(ev):
+        rank = found["rank"]
+        base, res = (
+            ev.base.get(rank, {}).get(ev.split + 1, {}),
+            ev.res.get(rank, {}).get(ev.split + 1, {}),
+        )
+        losses, kept = base.get(LOSS_KEY), res.get(LOSS_KEY)
+        if not found["mid_step"] or not isinstance(losses, list) or len(losses) < 2:
+            continue
+        writer, event = found["mid_step"][-1]
+        evidence = {"path": found["path"], "step": ev.split + 1, "micro_batches": len(losses)}
+        evidence["lost"] = lost_micro_batches(losses, kept)
+        return Finding(f"rank {rank}", {**evidence, **_event(writer, event)}, "window")
+    return None
+
+
+def _mid_window_words(f: Finding) -> str:
+    n = f["lost"]
+    lost = f" ({n} micro-batch{'es' * (n != 1)})" if n else ""
+    return (
+        f"the checkpoint at {f['path']} was written again after the uninterrupted run began "
+        f"step {f['step']} (rank {f['writer']}: {f['write']}, before that step's optimizer "
+        f"step), in the middle of its accumulation window of {f['micro_batches']} "
+        f"micro-batches: the accumulated gradients of the micro-batches before the save{lost} "
+        "are not in the checkpoint and were lost at the resume"
+    )
+
+
 def other_step_loaded(ev: Evidence) -> Optional[Finding]:
     """The resumed run read the checkpoint of another step than the one the test gave it (the
     newest folder, a `latest` pointer that moved on, a step computed wrongly): its restore log
@@ -199,6 +246,14 @@ RULES = (
         rewritten,
         _rewritten_words,
         after=(LATE,),
+    ),
+    Rule(
+        "checkpoint.saved-mid-window",
+        STAGE,
+        GRADIENT_ACCUMULATION,
+        saved_mid_window,
+        _mid_window_words,
+        after=("checkpoint.rewritten",),
     ),
 )
 """A checkpoint of another step explains a late one's contents; a late write explains a

@@ -14,6 +14,7 @@ from .classes import (
     RESEEDED_AFTER_LOADING,
     RESTORED_FROM_ANOTHER_RANK,
     RESTORED_THEN_ADVANCED,
+    RESTORED_TO_AN_EARLIER_STATE,
     RESTORED_TOO_LATE,
     RESTORED_WRONG,
     rng_before_iterator,
@@ -211,6 +212,50 @@ def _advanced_words(f: Finding) -> str:
     )
 
 
+def earlier_state(s: Subject) -> Optional[Finding]:
+    """A stream restored and then drawn from before the first resumed step (an iterator
+    started again, its shuffle re-drawn), that arrives at the uninterrupted run's state at the
+    first forward of an earlier step, not at the one of the split, with no restore after those
+    draws: it was restored to the state of that earlier point (an epoch's start), and the
+    state at the save is never restored. Like with like: the uninterrupted run's step records
+    are taken at the next step's first forward, and its snapshot at the split must equal its
+    record of the split."""
+    if not s.restores or not draws_on(s.res, s.name, s.last_restore):
+        return None
+    key, steps = s.keys[0], s.ev.base.get(s.rank, {})
+    value, own = point_value(s.res, key), steps.get(s.ev.split, {}).get(key)
+    if own is None or point_value(s.base, key) != own:
+        return None
+    earlier = [
+        k for k, values in sorted(steps.items()) if k < s.ev.split and values.get(key) == value
+    ]
+    if not earlier:
+        return None
+    restore = s.restores[-1]
+    return Finding(
+        s.where(),
+        {
+            **_draws_found(s, draws_on(s.res, s.name, s.last_restore)),
+            "after_step": earlier[-1],
+            "split": s.ev.split,
+            "how": how_restored(s.name),
+            "stream_words": stream_words(s.name),
+            "restore": restore["call"],
+        },
+    )
+
+
+def _earlier_words(f: Finding) -> str:
+    k = f["after_step"]
+    return (
+        f"{f['stream_words']} was restored ({f['restore']} at {f['restored_at']}) and, after the "
+        f"draws that follow ({_ops(f)}), holds the uninterrupted run's state at the first "
+        f"forward of step {k + 1} (after step {k}), not the one at the save (after step "
+        f"{f['split']}): it was restored to the state of that earlier point (an epoch's start, "
+        "to draw its shuffle again), and the state at the save is never restored"
+    )
+
+
 def restored_too_late(s: Subject) -> Optional[Finding]:
     """The uninterrupted run draws from the stream in its window; the resumed run made the
     same draws before it restored the stream (a batch fetched, then the RNG restored)."""
@@ -306,6 +351,7 @@ BUILT_AFTER_LOAD = ID + "generator-built-after-load"
 RESEEDED = ID + "re-seeded"
 REPEATED = ID + "repeated-before-the-resume"
 ADVANCED = ID + "restored-then-advanced"
+EARLIER = ID + "restored-to-an-earlier-state"
 NEVER_REPLAYING = ID + "never-restored-replaying-an-epoch"
 RULES = (
     Rule(FROM_OTHER_RANK, STAGE, RESTORED_FROM_ANOTHER_RANK, other_rank_saved, _other_rank_words),
@@ -342,7 +388,15 @@ RULES = (
         _repeated_words,
         after=(RESEEDED,),
     ),
-    Rule(ADVANCED, STAGE, RESTORED_THEN_ADVANCED, advanced_by_draws, _advanced_words, (REPEATED,)),
+    Rule(
+        EARLIER,
+        STAGE,
+        RESTORED_TO_AN_EARLIER_STATE,
+        earlier_state,
+        _earlier_words,
+        after=(REPEATED,),
+    ),
+    Rule(ADVANCED, STAGE, RESTORED_THEN_ADVANCED, advanced_by_draws, _advanced_words, (EARLIER,)),
     Rule(
         ID + "restored-too-late",
         STAGE,

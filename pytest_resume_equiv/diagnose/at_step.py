@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..rank.layout import AUTO, RNG, WATCH, audit_key, is_audit_key, watched, watched_part
+from ..rank.layout import RNG, WATCH, is_audit_key, watched, watched_part
 from .at_step_data import DATA_RULES, unseen_input, unseen_input_words
 from .classes import (
     COMPUTED_DIFFERENTLY,
@@ -22,14 +22,44 @@ from .classes import (
     UNAUDITED_INPUT,
     UNAUDITED_STATE,
 )
-from .evidence import Evidence, first_diff_name, is_optimizer, optimizer_steps_differ
+from .evidence import (
+    LOSS_KEY,
+    Evidence,
+    first_diff_name,
+    is_optimizer,
+    lost_micro_batches,
+    optimizer_steps_differ,
+)
 from .rules import Finding, Rule, Stage
 from .step_state import LR_PARTS, LR_RULES, STATE_RULES, STREAM_RULES
 from .subject import point_value
 
 STEP, HELD = (Stage.STEP,), (Stage.STEP, Stage.HELD)
-LOSS_KEY = audit_key(AUTO, "loss")
-"""One value per `backward()` of the step (automatic recording): its micro-batches."""
+
+
+def window_lost(ev: Evidence) -> Optional[Finding]:
+    """Automatic recording: the first resumed optimizer step took the last of the micro-batches
+    the uninterrupted run accumulated for it, bit for bit (its losses are theirs): the
+    micro-batches before the save were done, their gradients were not in the checkpoint."""
+    if ev.step != ev.split + 1:
+        return None
+    for rank in ev.differing:
+        base = ev.base[rank][ev.step].get(LOSS_KEY)
+        lost = lost_micro_batches(base, ev.res[rank][ev.step].get(LOSS_KEY))
+        if lost:
+            return Finding(ev.where(rank), {"lost": lost, "micro_batches": len(base)}, "window")
+    return None
+
+
+def _window_lost_words(f: Finding) -> str:
+    n, kept = f["lost"], f["micro_batches"] - f["lost"]
+    return (
+        f"the first resumed optimizer step took the last {kept} of the {f['micro_batches']} "
+        "micro-batches the uninterrupted run accumulated for it (their losses match bit for "
+        f"bit): the accumulated gradients of the {n} micro-batch{'es' * (n != 1)} before the "
+        "save were lost (the checkpoint was written in the middle of the accumulation window, "
+        "without them)"
+    )
 
 
 def micro_batches(ev: Evidence) -> Optional[Finding]:
@@ -59,7 +89,7 @@ def accumulation(ev: Evidence) -> Optional[Finding]:
     for rank, keys in ev.differing.items():
         lr = [k for k in keys if watched_part(k) in LR_PARTS]
         if lr and optimizer_steps_differ(ev.base, ev.res, rank, ev.step, keys):
-            return Finding(ev.where(rank), variant="window")
+            return Finding(ev.where(rank), variant="steps")
     return None
 
 
@@ -200,12 +230,14 @@ def _computed_words(f: Finding) -> str:
 
 
 MICRO, WINDOW = "step.micro-batches", "step.accumulation-window"
+LOST = "step.accumulation-window-lost"
 MODES, UNSEEN = "step.train-eval-flags", "step.unaudited-input"
 WEIGHTS = "step.wrong-weights-loaded"
 DATA = tuple(rule.id for rule in DATA_RULES)
 LAST_STREAM = tuple(rule.id for rule in STREAM_RULES)
 RULES = (
-    Rule(MICRO, HELD, GRADIENT_ACCUMULATION, micro_batches, _micro_words),
+    Rule(LOST, HELD, GRADIENT_ACCUMULATION, window_lost, _window_lost_words),
+    Rule(MICRO, HELD, GRADIENT_ACCUMULATION, micro_batches, _micro_words, (LOST,)),
     *STREAM_RULES,
     Rule(
         WINDOW,

@@ -41,7 +41,7 @@ RESEEDED_AFTER_LOADING = "re-seeded after loading"
 RESTORED_AT_REDUCED_PRECISION = "restored at reduced precision"
 RESTORED_FROM_ANOTHER_RANK = "restored from another rank"
 RESTORED_FROM_ANOTHER_STEP = "restored from another step"
-RESTORED_FROM_AN_EARLIER_POINT = "restored from an earlier point"
+RESTORED_TO_AN_EARLIER_STATE = "restored to an earlier state"
 RESTORED_THEN_ADVANCED = "restored then advanced"
 RESTORED_TOO_LATE = "restored too late"
 RESTORED_WRONG = "restored wrong"
@@ -153,8 +153,11 @@ CLASSES: dict[str, BugClass] = {
             "save the micro-step counter, in micro-batches, with the checkpoint and restore it "
             "(or checkpoint only at an optimizer step and start the count at 0)",
             {
-                "window": "save the micro-step counter (and the accumulated gradients, or "
+                "steps": "save the micro-step counter (and the accumulated gradients, or "
                 "checkpoint only at an optimizer step) and restore them",
+                "window": "save only at an optimizer step (where the gradients are "
+                "synchronized and zeroed: accelerate's sync_gradients), or save the "
+                "accumulated gradients with the checkpoint and restore them",
             },
         ),
         BugClass(
@@ -229,9 +232,9 @@ CLASSES: dict[str, BugClass] = {
             },
         ),
         BugClass(
-            RESTORED_FROM_AN_EARLIER_POINT,
+            RESTORED_TO_AN_EARLIER_STATE,
             "after the code that needs the earlier state has run (the epoch's shuffle re-drawn), "
-            "restore {stream} to the state saved at the save ({how})",
+            "restore {stream_words} to the state saved at the save ({how})",
         ),
         BugClass(RESTORED_THEN_ADVANCED, "{fixes}"),
         BugClass(RESTORED_TOO_LATE, "restore the stream before that code runs"),

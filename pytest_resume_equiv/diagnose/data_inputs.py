@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..compare.accounting import BATCH_KEY, CONTENT_KEY, DataAccount, account
+from ..compare.accounting import BATCH_KEY, CONTENT_KEY, DataAccount
 from .classes import DATA_ORDER, UNAUDITED_INPUT, UNKNOWN
 from .evidence import Evidence
 from .rules import Finding, Rule, Stage
@@ -20,8 +20,7 @@ STAGES = (Stage.STEP, Stage.HELD)
 def content_account(ev: Evidence) -> Optional[DataAccount]:
     """Automatic recording's account, when the trainer recorded no sample ids: of the batches
     a DataLoader yielded when one was seen, else of the model's inputs."""
-    found = account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps, ev.cmp.ignored)
-    return next((item for item in found if item.key in (BATCH_KEY, CONTENT_KEY)), None)
+    return next((item for item in ev.accounts if item.key in (BATCH_KEY, CONTENT_KEY)), None)
 
 
 def _inputs_differ(ev: Evidence) -> bool:

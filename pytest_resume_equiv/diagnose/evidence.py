@@ -9,14 +9,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..compare.accounting import DataAccount
+from ..compare.comparators import data_accounts
 from ..compare.diff import Comparison, value_difference
 from ..rank.encode import decode_float
-from ..rank.layout import watch_key, watched, watched_part
+from ..rank.layout import AUTO, audit_key, watch_key, watched, watched_part
 from ..signature import Signature
 
 Steps = dict[int, dict[int, dict[str, Any]]]
 """rank -> step -> key -> encoded value."""
 
+LOSS_KEY = audit_key(AUTO, "loss")
+"""One value per `backward()` of the step (automatic recording): its micro-batches."""
 ROUNDING = 1e-2
 """Relative norm difference below which differing weights count as rounding-level
 (bf16 keeps about 3 significant digits)."""
@@ -34,6 +38,8 @@ class Evidence:
     split: int
     base_sigs: dict[int, Signature] = field(default_factory=dict)
     res_sigs: dict[int, Signature] = field(default_factory=dict)
+    accounts: list[DataAccount] = field(default_factory=list)
+    """The comparison's data accounting, per identity key (read once, by every rule)."""
 
     @classmethod
     def of(cls, cmp: Comparison, base: dict[int, Signature], res: dict[int, Signature]) -> Evidence:
@@ -47,6 +53,7 @@ class Evidence:
             cmp.split,
             base,
             res,
+            data_accounts(cmp, base, res),
         )
 
     def where(self, rank: int) -> str:
@@ -172,3 +179,11 @@ def optimizer_steps_differ(base: Steps, res: Steps, rank: int, step: int, keys: 
 def is_optimizer(values: dict[str, Any], obj: str) -> bool:
     """Whether the watched object `obj` is an optimizer (it has learning rates)."""
     return watch_key(obj, "lr") in values
+
+
+def lost_micro_batches(base: object, res: object) -> Optional[int]:
+    """How many micro-batches of a step the resumed run lost: its losses (one per backward)
+    are the uninterrupted run's last ones, bit for bit; None when they are not."""
+    if not isinstance(base, list) or not isinstance(res, list) or not 0 < len(res) < len(base):
+        return None
+    return len(base) - len(res) if base[len(base) - len(res) :] == res else None

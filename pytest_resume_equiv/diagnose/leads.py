@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..compare.accounting import BATCH_KEY, CONTENT_KEY, account
+from ..compare.accounting import BATCH_KEY, CONTENT_KEY, ids_of
 from ..compare.step_problems import step_ranges
-from ..rank.layout import WATCH, section_of
+from ..rank.layout import OWNED_BY, WATCH, generator_site, section_of
 from .at_resume import drawn_before_restore
 from .classes import (
     DATA_ORDER,
@@ -41,6 +41,79 @@ def data_replayed(ev: Evidence) -> Optional[Finding]:
     )
 
 
+def _first_fetch_after_every_restore(ev: Evidence) -> Optional[str]:
+    """Where the resumed run's loader drew its permutation, when it drew it only after every
+    restore before the first resumed step (its restarted iterator yielded no batch before the
+    training loop asked for one: nothing was skipped); None otherwise, or when no loader's own
+    generator was traced."""
+    for rank in sorted(ev.res_sigs):
+        _, res = ev.points(rank)
+        draws = [
+            d
+            for d in (res or {}).get("draws", [])
+            if OWNED_BY in (generator_site(d.get("stream", "")) or "")
+        ]
+        if not draws:
+            return None
+        if any(d.get("after_restores", 0) < (res or {}).get("restores", 0) for d in draws):
+            return None
+        return draws[0]["at"]
+    return None
+
+
+def epoch_not_skipped(ev: Evidence) -> Optional[Finding]:
+    """The resumed steps consumed again samples the uninterrupted run consumed before the
+    split, and the loader's restarted iterator drew its permutation only when the training
+    loop fetched the first resumed step's batch, after every restore: no batch was skipped, so
+    the epoch's batches consumed before the save come again. A stream that differs then (the
+    permutation's seed drawn from it at that fetch) is a second finding."""
+    at = _first_fetch_after_every_restore(ev)
+    if at is None:
+        return None
+    for item in ev.accounts:
+        if not item.repeated or not item.from_earlier:
+            continue
+        again = set(item.repeated)
+        before = sorted({_last_before(ev, item.key, i) for i in again} - {None})
+        after = _steps_holding(ev.res, item.key, again, lambda s: s > ev.split)
+        evidence = {"key": item.key, "samples": len(again), "before": before, "again": after}
+        return Finding(f"step {ev.step}", {**evidence, "fetched_at": at})
+    return None
+
+
+def _last_before(ev: Evidence, key: str, sample: int) -> Optional[int]:
+    """The last step up to the split at which the uninterrupted run consumed `sample`: in
+    the epoch the resume is in (a sample comes once an epoch)."""
+    held = _steps_holding(ev.base, key, {sample}, lambda s: s <= ev.split)
+    return held[-1] if held else None
+
+
+def _steps_holding(runs: dict, key: str, ids: set, keep) -> list[int]:
+    """The steps (of any rank) whose `key` holds one of `ids`."""
+    return sorted(
+        {
+            step
+            for steps in runs.values()
+            for step, values in steps.items()
+            if keep(step) and ids & set(ids_of(values.get(key)) or [])
+        }
+    )
+
+
+def _not_skipped_words(f: Finding) -> str:
+    return (
+        f"the resumed run consumed again, at {_steps(f['again'])}, the samples the "
+        f"uninterrupted run consumed at {_steps(f['before'])} before the split "
+        f"({f['samples']} samples, {f['key']}); its restarted iterator drew its permutation only "
+        f"when the loop fetched the first resumed batch ({f['fetched_at']}, after every "
+        "restore), so the batches the saved steps consumed in this epoch were not skipped"
+    )
+
+
+def _steps(steps: list[int]) -> str:
+    return f"step{'s' * (len(steps) > 1)} {step_ranges(steps)}"
+
+
 def re_executed(ev: Evidence) -> Optional[Finding]:
     """The resumed run recorded steps past steps= and its data shows why: from its first step
     it consumed, in order, the batches of the steps before the split, as many as it ran too
@@ -50,7 +123,7 @@ def re_executed(ev: Evidence) -> Optional[Finding]:
     extra = sorted({s for by_step in ev.res.values() for s in by_step if s > steps})
     if not extra:
         return None
-    for item in account(ev.base_sigs, ev.res_sigs, ev.split, steps, ev.cmp.ignored):
+    for item in ev.accounts:
         pairs = item.batches or (list(zip(*item.replayed)) if item.replayed else [])
         first = dict(pairs).get(ev.split + 1)
         if first is None or first > ev.split:
@@ -92,6 +165,15 @@ RULES = (
         DATA_ORDER,
         data_replayed,
         order_words,
+        over=(RESTORED_THEN_ADVANCED, rng_before_iterator("cpu")),
+    ),
+    Rule(
+        "lead.epoch-not-skipped",
+        (Stage.LEAD,),
+        DATA_ORDER,
+        epoch_not_skipped,
+        _not_skipped_words,
+        after=("lead.data-replayed",),
         over=(RESTORED_THEN_ADVANCED, rng_before_iterator("cpu")),
     ),
     Rule(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..compare.accounting import DataAccount, account, identity_keys
+from ..compare.accounting import DataAccount, identity_keys
 from .evidence import Evidence
 
 
@@ -16,7 +16,7 @@ def replay_of(ev: Evidence, key: str = "") -> Optional[DataAccount]:
     if any."""
     keys = [key] if key else identity_keys(ev.base_sigs)
     differing = {k for found in ev.differing.values() for k in found}
-    for found in account(ev.base_sigs, ev.res_sigs, ev.split, ev.cmp.steps, ev.cmp.ignored):
+    for found in ev.accounts:
         if found.key not in keys or found.key not in differing or not found.replayed:
             continue
         steps = found.replayed[0]

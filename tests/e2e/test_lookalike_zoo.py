@@ -90,7 +90,7 @@ CAUSES = {
     # name: (classes, one of which is the likely cause's; phrases its line holds, a tuple
     # for alternatives; phrases it must not hold)
     "epoch_rng_only": (
-        ("restored from another step",),
+        ("restored to an earlier state",),
         (
             "the CPU RNG",
             "not the one at the save",
