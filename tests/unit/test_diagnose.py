@@ -454,7 +454,9 @@ def test_a_samplers_generator_that_differs_blames_the_cpu_rng_it_was_seeded_from
         res_values=lambda s: {"loss": s / 3, "rng:cpu": f"c{s}", f"rng:{SAMPLER}": "x"},
     )
     assert d.bug_class == "cpu RNG before the iterator started"
-    assert "the generator the RandomSampler of the DataLoader built at train.py:12 makes" in d.text()
+    assert (
+        "the generator the RandomSampler of the DataLoader built at train.py:12 makes" in d.text()
+    )
     assert "seeded from the CPU RNG (torch's default generator)" in d.text()
     assert "its iterator started at train.py:26" in d.text()
     assert "although it matches at the resume point" in d.text()
