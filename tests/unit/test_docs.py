@@ -83,3 +83,16 @@ def _yaml():
     except ImportError:
         return None
     return yaml
+
+
+@pytest.mark.parametrize(
+    "path, name", [("docs/diagnosis.md", "rules"), ("docs/bugs.md", "classes")]
+)
+def test_the_generated_diagnosis_docs_are_the_registrys(path, name):
+    """docs/diagnosis.md's rules and docs/bugs.md's classes are generated from the rule
+    registry (python scripts/diagnosis_docs.py): a rule changed without them fails here."""
+    from pytest_resume_equiv.diagnose.docs import classes_markdown, replace_between, rules_markdown
+
+    text = (ROOT / path).read_text()
+    render = {"rules": rules_markdown, "classes": classes_markdown}[name]
+    assert replace_between(text, name, render()) == text, "run: python scripts/diagnosis_docs.py"
