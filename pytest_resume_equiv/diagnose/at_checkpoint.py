@@ -40,28 +40,30 @@ def _writes(ev: Evidence) -> list[dict]:
         writes = [
             (r, e) for r, sig in sorted(ev.base_sigs.items()) for e in sig.files if touches(e, path)
         ]
-        loaded_by = (res or {}).get("time_ns") or float("inf")
-        again = [(r, e) for r, e in writes if (e.get("after_step") or 0) > ev.split]
-        found.append(
-            {
-                "rank": rank,
-                "path": path,
-                "writes": writes,
-                "on_time": [(r, e) for r, e in writes if e.get("time_ns", 0) <= moved_on],
-                "behind": [
-                    (r, e) for r, e in writes if e.get("time_ns", 0) > moved_on and e.get("thread")
-                ],
-                "again": [(r, e) for r, e in again if e.get("time_ns", 0) < loaded_by],
-                "mid_step": [
-                    (r, e)
-                    for r, e in writes
-                    if e.get("time_ns", 0) > moved_on
-                    and not e.get("thread")
-                    and e.get("after_step") == ev.split
-                ],
-            }
-        )
+        found.append(_split_writes(writes, moved_on, ev.split, (res or {}).get("time_ns")))
+        found[-1].update(rank=rank, path=path, writes=writes)
     return found
+
+
+def _split_writes(writes: list, moved_on: int, split: int, loaded_at: Optional[int]) -> dict:
+    """The writes made before the uninterrupted run moved on past the split (`on_time`); after
+    it, in a background thread (`behind`) or in the training thread while the split was
+    still the last step (`mid_step`); after a later step, before the resumed run loaded it
+    (`again`)."""
+    late = [(r, e) for r, e in writes if e.get("time_ns", 0) > moved_on]
+    return {
+        "on_time": [(r, e) for r, e in writes if e.get("time_ns", 0) <= moved_on],
+        "behind": [(r, e) for r, e in late if e.get("thread")],
+        "mid_step": [
+            (r, e) for r, e in late if not e.get("thread") and e.get("after_step") == split
+        ],
+        "again": [
+            (r, e)
+            for r, e in writes
+            if (e.get("after_step") or 0) > split
+            and e.get("time_ns", 0) < (loaded_at or float("inf"))
+        ],
+    }
 
 
 def _restored_step(ev: Evidence, rank: int) -> Optional[int]:

@@ -31,7 +31,8 @@ from .evidence import (
     optimizer_steps_differ,
 )
 from .rules import Finding, Rule, Stage
-from .step_state import LR_PARTS, LR_RULES, STATE_RULES, STREAM_RULES
+from .step_state import STATE_RULES
+from .step_streams import LR_PARTS, LR_RULES, STREAM_RULES
 from .subject import point_value
 
 STEP, HELD = (Stage.STEP,), (Stage.STEP, Stage.HELD)

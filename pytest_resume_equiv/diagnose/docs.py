@@ -4,7 +4,7 @@ code: the rules in time order (docs/diagnosis.md) and the table of bug classes w
 
 from __future__ import annotations
 
-from .classes import CLASSES
+from .fixes import CLASSES
 from .registry import NOTES, RULES, stage
 from .rules import Stage
 

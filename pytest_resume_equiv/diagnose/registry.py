@@ -6,27 +6,26 @@ from __future__ import annotations
 
 from functools import cache
 
-from . import (
-    at_check,
-    at_checkpoint,
-    at_resume,
-    at_resume_objects,
-    at_resume_streams,
-    at_step,
-    leads,
-)
+from .at_check import RULES as CHECK_RULES
+from .at_checkpoint import RULES as CHECKPOINT_RULES
+from .at_resume import RULES as RESUME_POINT_RULES
+from .at_resume_objects import RULES as OBJECT_RULES
+from .at_resume_streams import RULES as STREAM_RULES
+from .at_step import RULES as STEP_RULES
+from .leads import NOTES as LEAD_NOTES
+from .leads import RULES as LEAD_RULES
 from .rules import Note, Rule, Stage, check_after, ordered
 
 RULES: tuple[Rule, ...] = (
-    *at_checkpoint.RULES,
-    *at_resume.RULES,
-    *at_resume_streams.RULES,
-    *at_resume_objects.RULES,
-    *at_step.RULES,
-    *leads.RULES,
-    *at_check.RULES,
+    *CHECKPOINT_RULES,
+    *RESUME_POINT_RULES,
+    *STREAM_RULES,
+    *OBJECT_RULES,
+    *STEP_RULES,
+    *LEAD_RULES,
+    *CHECK_RULES,
 )
-NOTES: tuple[Note, ...] = leads.NOTES
+NOTES: tuple[Note, ...] = LEAD_NOTES
 
 
 @cache

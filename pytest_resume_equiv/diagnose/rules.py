@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from ..compare.jsonable import json_key
-from .classes import fix_for
+from .fixes import fix_for
 
 Input = TypeVar("Input")
 

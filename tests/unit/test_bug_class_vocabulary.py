@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest_resume_equiv
-from pytest_resume_equiv.diagnose import classes
+from pytest_resume_equiv.diagnose import classes, fixes
 from pytest_resume_equiv.diagnose.registry import RULES
 
 PACKAGE = Path(pytest_resume_equiv.__file__).parent
@@ -32,7 +32,7 @@ def test_no_bug_class_is_spelled_out_where_a_rule_is_declared():
 
 
 def test_every_rule_files_its_cause_under_a_class_of_the_table():
-    unknown = sorted({rule.id for rule in RULES if rule.bug_class not in classes.CLASSES})
+    unknown = sorted({rule.id for rule in RULES if rule.bug_class not in fixes.CLASSES})
     assert unknown == []
 
 
