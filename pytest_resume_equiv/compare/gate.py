@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..rank.layout import RNG, section_of, subject_of, target_covers
-from ..rank.restore import is_load, is_seed
+from ..rank.layout import RNG, section_of, subject_of
 from ..signature import Signature
 from . import facts
 from .accounting import is_identity_key
+from .restore_history import restore_history
 from .tolerance import ComparisonRules, ignored, latent
 
 Run = dict[int, Signature]
@@ -161,19 +161,13 @@ def restore_evidence(res: Signature, point: dict[str, Any], base: dict[str, Any]
     `RESTORED_DIFFERS`: whether it was changed after its restore (a scheduler stepped) the
     log does not say. Seeding counts as a restore only after
     the first load (seeding at the start is initialisation)."""
-    log = res.restores[: point.get("restores", len(res.restores))]
-    if all(is_seed(e["call"]) for e in log):  # seeding with no load is initialisation
+    history = restore_history(res.restores, point)
+    if history.only_seeding:  # seeding with no load is initialisation
         return NOTHING_RESTORED
     subject = subject_of(key)
-    first_load = next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))
-    mine = [
-        i
-        for i, e in enumerate(log)
-        if target_covers(e["what"], subject) and (not is_seed(e["call"]) or i > first_load)
-    ]
+    mine = history.of(subject).restoring
     if not mine:
-        in_place = any(e["call"].endswith("checkpoint.load") for e in log)
-        return UNKNOWN if in_place and section_of(key) != RNG else NEVER_RESTORED
+        return UNKNOWN if history.in_place and section_of(key) != RNG else NEVER_RESTORED
     if section_of(key) != RNG:
         return RESTORED_DIFFERS
     if any(

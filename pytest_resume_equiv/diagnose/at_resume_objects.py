@@ -20,7 +20,7 @@ from .classes import (
     WATCHED_STATE,
     kind_never_restored,
 )
-from .evidence import ROUNDING, first_diff_name, norm_gap
+from .evidence import LOW_PRECISION_GAP, first_diff_name, norm_gap
 from .rules import Finding, Rule, Stage
 from .subject import Subject, equal_to_step, point_value
 
@@ -123,7 +123,7 @@ def reduced_precision(s: Subject) -> Optional[Finding]:
     only at low-precision rounding level."""
     for key in (k for k in s.keys if watched_part(k) == "params"):
         gap = norm_gap(point_value(s.base, key), point_value(s.res, key))
-        if gap is not None and 0 < gap < ROUNDING:
+        if gap is not None and 0 < gap < LOW_PRECISION_GAP:
             return Finding(s.where(), {"label": s.label, "kind": s.kind, "gap": gap})
     return None
 

@@ -21,7 +21,7 @@ Steps = dict[int, dict[int, dict[str, Any]]]
 
 LOSS_KEY = audit_key(AUTO, "loss")
 """One value per `backward()` of the step (automatic recording): its micro-batches."""
-ROUNDING = 1e-2
+LOW_PRECISION_GAP = 1e-2
 """Relative norm difference below which differing weights count as rounding-level
 (bf16 keeps about 3 significant digits)."""
 

@@ -3,9 +3,9 @@ object), with what the restore log says about it: the input of the causes in cau
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
+from ..compare.restore_history import restore_history
 from ..compare.tolerance import latent
 from ..rank.layout import (
     RNG,
@@ -17,11 +17,9 @@ from ..rank.layout import (
     split_key,
     subject_of,
     target_covers,
-    target_file,
     watched,
 )
 from ..rank.loader import SECTIONS as LOADER_SECTIONS
-from ..rank.restore import is_load, is_seed
 from .evidence import Evidence
 
 
@@ -77,18 +75,16 @@ class Subject:
     def __init__(self, ev: Evidence, rank: int, name: str, keys: list[str]) -> None:
         self.ev, self.rank, self.name, self.keys = ev, rank, name, keys
         self.base, self.res = ev.points(rank)
-        log = ev.restores(rank)[: (self.res or {}).get("restores", len(ev.restores(rank)))]
-        first_load = checkpoint_read(log, ((self.res or {}).get("checkpoint") or {}).get("path"))
-        mine = [(i, e) for i, e in enumerate(log) if names(e["what"], name)]
-        restoring = [(i, e) for i, e in mine if not is_seed(e["call"]) or i > first_load]
-        self.restores = [e for _, e in restoring]
+        history = restore_history(ev.restores(rank), self.res)
+        mine = history.of(name)
+        self.restores = [history.log[i] for i in mine.restoring]
         """Calls that restored it: a seeding counts only after the checkpoint was read."""
-        self.last_restore = restoring[-1][0] if restoring else -1
+        self.last_restore = mine.restoring[-1] if mine.restoring else -1
         """Its last restore's place in the log (a draw remembers how many restores came
         before it)."""
-        self.reseeds = [e for i, e in mine if is_seed(e["call"]) and i > first_load]
-        self.before_resume = [e for i, e in mine if i <= first_load]
-        self.in_place = any(e["call"].endswith("checkpoint.load") for e in log)
+        self.reseeds = [history.log[i] for i in mine.reseeds]
+        self.before_resume = [history.log[i] for i in mine.before_resume]
+        self.in_place = history.in_place
         """DCP's load writes into tensors in place: a module may be restored unlogged."""
 
     @property
@@ -119,19 +115,6 @@ class Subject:
 
     def where(self) -> str:
         return f"rank {self.rank}"
-
-
-def checkpoint_read(log: list[dict[str, Any]], checkpoint: Optional[str]) -> int:
-    """Where in the log the resume begins: the first read of a file inside the checkpoint
-    (weights loaded from elsewhere before it, a pretrained model, are not the resume); else
-    the first load of any kind."""
-    if checkpoint:
-        inside = os.path.abspath(checkpoint)
-        for i, entry in enumerate(log):
-            path = target_file(entry["what"])
-            if path and os.path.abspath(path).startswith(inside):
-                return i
-    return next((i for i, e in enumerate(log) if is_load(e["call"])), len(log))
 
 
 def names(what: str, name: str) -> bool:
