@@ -28,6 +28,8 @@ def other_rank_saved(s: Subject) -> Optional[Finding]:
     was restored from that rank's (a file only rank 0 writes holds only rank 0's)."""
     for key in s.keys:
         value = point_value(s.res, key)
+        if value is None:
+            continue  # nothing restored to equal: another rank saving none is no match
         for other in sorted(s.ev.base_sigs, key=lambda r: (r != 0, r)):
             saved = s.ev.base_sigs[other].resume_point(s.ev.split)
             if other != s.rank and saved is not None and point_value(saved, key) == value:
