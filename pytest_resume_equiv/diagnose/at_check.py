@@ -31,7 +31,7 @@ def saved_wrong(gates: tuple[GateFacts, GateFacts]) -> Optional[Finding]:
     run's there (`gates[1]`): the checkpoint was saved wrong by that launch (a chain's earlier
     link saving a state taken before its own load). Never "not restored as saved": it was."""
     held, against = gates
-    if not held.held or not against.failed:
+    if not held.held or not against.failed or not against.differing:
         return None
     rank, keys = next(iter(sorted(against.differing.items())))
     return Finding(f"rank {rank}", {"writer": held.reference, "keys": keys[:4]})

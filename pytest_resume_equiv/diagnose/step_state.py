@@ -61,7 +61,7 @@ def master_weights(ev: Evidence) -> Optional[Finding]:
             continue
         own = {n: v for n, v in (a.get(key) or {}).items() if n.startswith("group")}
         gap = norm_gap(own, {n: (b.get(key) or {})[n] for n in own if n in (b.get(key) or {})})
-        if own and gap is not None and gap < LOW_PRECISION_GAP:
+        if own and gap is not None and 0 < gap < LOW_PRECISION_GAP:
             return Finding(ev.where(rank), {"gap": gap})
     return None
 
