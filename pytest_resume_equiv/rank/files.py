@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .layout import PLUGIN_FILES, RANK_DIRS
+from .run_dir import PLUGIN_FILES, RANK_DIRS
 from .wrapping import Wrapper
 
 Event = dict[str, Any]
