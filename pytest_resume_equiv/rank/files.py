@@ -42,7 +42,7 @@ class FileLog:
         self.listeners: list[Callable[[Event], None]] = []
         self.before_listeners: list[Callable[[], None]] = []
         """Called before each file call (a file written before it has been closed)."""
-        self._calls = Wrapper()
+        self._calls = Wrapper(__name__)
 
     def watch(self, *folders: Optional[str]) -> None:
         """Log events inside `folders` (a folder that does not exist yet is fine)."""
