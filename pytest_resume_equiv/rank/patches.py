@@ -125,8 +125,9 @@ PATCHES: tuple[Patch, ...] = (
         ALWAYS,
     ),
     Patch(
-        "`torch.Generator`: a class that makes real generators, registered for the RNG audit, "
-        "whose `manual_seed` and `set_state` are logged as restores",
+        "`torch.Generator`: a subclass of the real class (named `torch.Generator`) whose "
+        "instances are registered for the RNG audit and whose `manual_seed` and `set_state` "
+        "are logged as restores",
         "rank/rng.py",
         REPLACED,
         "each generator made: a walk up the stack to name where it was made, and a weak "

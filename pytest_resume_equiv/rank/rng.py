@@ -2,7 +2,7 @@
 every `torch.Generator` the process created, named by where it was created (or, for one
 torch's own code makes, by the DataLoader that owns it).
 
-Generators are found by replacing `torch.Generator` with a class that registers each one
+Generators are found by replacing `torch.Generator` with a subclass that registers each one
 made (`logged_generator_class`; the bootstrap installs it before the user's code runs),
 because a generator owned by some module or sampler and re-seeded at construction is the
 resume bug nobody thinks to save.
@@ -186,46 +186,48 @@ class Generators:
 def logged_generator_class(
     real: type, register: Callable[[Any], None], on_restored: Callable[[Any, str], None]
 ) -> type:
-    """What stands for `torch.Generator` while the audit is installed: it makes real
-    generators of a subclass whose seeding and state setting are reported, each registered
-    when made."""
+    """What stands for `torch.Generator` while the audit is installed: a subclass of the real
+    class, named `torch.Generator`, so a generator made from it is a real one for every op
+    and `type(g) is torch.Generator` holds as it does without the plugin. Each one is
+    registered when made (a user's subclass too), and its `manual_seed` / `set_state` calls
+    made outside torch are reported. `isinstance(x, torch.Generator)` and
+    `issubclass(c, torch.Generator)` keep answering for every real generator (the default
+    ones, one made before the audit); a user's subclass answers as any class does."""
 
-    class _GeneratorType(type):
-        # isinstance/issubclass keep answering for real generators (the default ones too).
+    class GeneratorType(type(real)):  # type: ignore[misc]
         def __instancecheck__(cls, obj: Any) -> bool:
-            return isinstance(obj, real)
+            return isinstance(obj, real) if cls is Generator else super().__instancecheck__(obj)
 
         def __subclasscheck__(cls, sub: type) -> bool:
-            return issubclass(sub, real)
+            return issubclass(sub, real) if cls is Generator else super().__subclasscheck__(sub)
 
-        def __getattr__(cls, name: str) -> Any:
-            return getattr(real, name)
+    class Generator(real, metaclass=GeneratorType):  # type: ignore[misc, valid-type]
+        __doc__ = real.__doc__
+        __module__ = "torch"
+        __qualname__ = "Generator"  # pickled by reference as `torch.Generator`
 
-    class _Logged(real):  # type: ignore[misc, valid-type]
-        """A real generator whose seeding and state setting are reported."""
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            generator = real.__new__(cls, *args, **kwargs)
+            register(generator)
+            return generator
 
         def manual_seed(self, seed: Any) -> Any:
-            result = super().manual_seed(seed)
-            if not called_from_torch(2):
+            result = real.manual_seed(self, seed)
+            if not called_from_torch(2) and _made_here(self):
                 on_restored(self, "manual_seed")
             return result
 
         def set_state(self, state: Any) -> Any:
-            result = super().set_state(state)
-            if not called_from_torch(2):
+            result = real.set_state(self, state)
+            if not called_from_torch(2) and _made_here(self):
                 on_restored(self, "set_state")
             return result
 
-    class Generator(metaclass=_GeneratorType):
-        __doc__ = real.__doc__
+    def _made_here(generator: Any) -> bool:
+        """Made from this class (`torch.Generator.manual_seed(torch.default_generator, 1)`
+        calls the method on a generator it never registered)."""
+        return Generator in type(generator).__mro__
 
-        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-            generator = _Logged(*args, **kwargs)
-            register(generator)
-            return generator
-
-    _Logged.__module__ = Generator.__module__ = "torch"
-    _Logged.__qualname__ = Generator.__qualname__ = "Generator"
     return Generator
 
 
