@@ -29,8 +29,8 @@ import torch
 from common import machine, median_of, table
 
 import pytest_resume_equiv as req
-from pytest_resume_equiv.rank.context import LaunchContext, current, reset
-from pytest_resume_equiv.rank.layout import CONTEXT_ENV
+from pytest_resume_equiv.rank.context import current, reset
+from pytest_resume_equiv.rank.launch_context import CONTEXT_ENV, LaunchContext
 
 
 def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:

@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 
 from pytest_resume_equiv.launch.forked import ForkServer  # noqa: E402
 from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch  # noqa: E402
-from pytest_resume_equiv.rank.context import LaunchContext  # noqa: E402
+from pytest_resume_equiv.rank.launch_context import LaunchContext  # noqa: E402
 
 TRAIN = os.path.join(ROOT, "examples", "minimal", "train.py")
 

@@ -23,7 +23,7 @@ from .launch.running import LaunchResult, LaunchSpec, launch, terminate_as_inter
 from .launch.spec import Launcher
 from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
-from .rank.context import LaunchContext
+from .rank.launch_context import LaunchContext
 from .report.plot import plot_split
 from .report.records import RunRecord, TestRecord
 from .report.text import (

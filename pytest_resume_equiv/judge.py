@@ -19,7 +19,7 @@ from .compare.tolerance import ComparisonRules
 from .errors import ResumeEquivError
 from .launch.running import LaunchResult
 from .plan import PlannedLaunch
-from .rank.layout import user_files
+from .rank.run_dir import user_files
 from .report.replay import Judgement, write_judgement
 from .schedule import Job, Scheduler
 from .settings import TestSettings

@@ -24,7 +24,7 @@ from .golden import GoldenTarget
 from .launch.devices import Device
 from .launch.running import LaunchSpec, Target
 from .launch.targets import Command, argv_list, fill, target_from_argv, target_from_callable
-from .rank.context import LaunchContext
+from .rank.launch_context import LaunchContext
 from .settings import TestSettings
 
 DEFAULT_CHECKPOINT = "{run_dir}/checkpoints/step_{split}"

@@ -33,8 +33,8 @@ from .rank.layout import (
     audit_key,
     line_kind,
     section_names,
-    signature_path,
 )
+from .rank.run_dir import signature_path
 
 
 class SignatureError(Exception):

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pytest_resume_equiv.rank.context import LaunchContext, current, reset
-from pytest_resume_equiv.rank.layout import CONTEXT_ENV
+from pytest_resume_equiv.rank.context import current, reset
+from pytest_resume_equiv.rank.launch_context import CONTEXT_ENV, LaunchContext
 
 
 def pytest_configure(config):

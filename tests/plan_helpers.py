@@ -43,11 +43,8 @@ def write_run(
     import os
 
     from pytest_resume_equiv.rank.encode import encode
-    from pytest_resume_equiv.rank.layout import (
-        SIGNATURE_FORMAT,
-        SIGNATURE_VERSION,
-        signature_path,
-    )
+    from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION
+    from pytest_resume_equiv.rank.run_dir import signature_path
 
     loss = loss or (lambda step, rank: step / 2)
     for rank in range(world_size):

@@ -19,7 +19,7 @@ from ..compare.comparators import Comparator, Run
 from ..compare.gate import GateFacts
 from ..compare.jsonable import NOT_IN_JSON
 from ..launch.running import LaunchResult
-from ..rank.layout import read_status
+from ..rank.run_dir import read_status
 from .base import Verdict
 from .resume import judge_resume
 

@@ -18,7 +18,7 @@ from ..diagnose import Diagnosis, Stage, cause
 from ..diagnose.at_check import CrashedAt
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
-from ..rank.layout import crash_record_path
+from ..rank.run_dir import crash_record_path
 from .after_crash import EXACT, REFUSED, TORN, Row, judge_after_crash, read_crash_record
 from .base import Check, Judging, Outcome, Verdict
 from .crash_points import CrashPoint, crashed_where, find_points, on_disk

@@ -27,7 +27,7 @@ from ..rank.crasher import (
     save_events,
     thread_kind,
 )
-from ..rank.layout import user_files
+from ..rank.run_dir import user_files
 
 NAMES = ("first", "middle", "last", "returned", "pointer")
 """The points `crash_points=` may name; None means all of them, "all" every event too."""

@@ -13,7 +13,8 @@ a diffusion model's latents, an augmentation); the inputs' then differ from run 
 what was added, and say nothing of the samples. An id found nowhere in the uninterrupted run
 is no evidence by itself: other samples (ones the uninterrupted run had not reached within
 its steps) and the same samples transformed otherwise both make one. Pure: data in, words
-out. The same words hold when the resumed run has another number of ranks.
+out. The same words hold when the resumed run has another number of ranks. Which resumed steps
+replayed earlier ones, and in which epochs, is read by epochs.py.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..rank.layout import AUTO, TENSOR_TAG, audit_key, watched_part
+from ..rank.layout import AUTO, TENSOR_TAG, audit_key
 from ..signature import Signature
+from .epochs import epochs_from_ids, replayed_steps, watched_epochs
 from .step_problems import step_ranges
 from .tolerance import ignored
 
@@ -301,56 +303,11 @@ def account(
             continue
         item = _account(key, theirs, ours, split)
         if item.replayed:
-            item.epochs = _epochs(base, *item.replayed) or _epochs_from_ids(theirs, *item.replayed)
+            item.epochs = watched_epochs(base, *item.replayed) or epochs_from_ids(
+                theirs, *item.replayed
+            )
         found.append(item)
     return found
-
-
-def _epochs(base: dict[int, Signature], res_steps: list[int], base_steps: list[int]):
-    """(epoch of the replayed steps, epoch the uninterrupted run was in at the resumed steps),
-    read from a watched loader's epoch (`watch:<loader>.epoch`) on rank 0."""
-    sig = base.get(0)
-    if sig is None:
-        return None
-    steps = sig.by_step()
-
-    def epoch(step: int) -> Optional[int]:
-        for key, value in sorted(steps.get(step, {}).items()):
-            if watched_part(key) == "epoch" and isinstance(value, dict):
-                found = [v for k, v in sorted(value.items()) if k.endswith("epoch")]
-                if found and isinstance(found[0], int):
-                    return found[0]
-        return None
-
-    was, now = epoch(base_steps[0]), epoch(res_steps[0])
-    return (was, now) if was is not None and now is not None and was != now else None
-
-
-def _epochs_from_ids(base: StepIds, res_steps: list[int], base_steps: list[int]):
-    """(epoch of the replayed steps, epoch of the resumed steps) from the data alone: an epoch
-    is the steps of the uninterrupted run before its first sample comes back (every sample
-    once), when the whole run has epochs of that length: each later one the same samples
-    again, each once (None otherwise: a trainer with no epochs gets none named)."""
-    seen: set[int] = set()
-    ordered = sorted(base)
-    length = 0
-    for step in ordered:
-        if seen & set(base[step]):
-            break
-        seen |= set(base[step])
-        length += 1
-    if not length or length == len(ordered):
-        return None
-    for start in range(length, len(ordered), length):
-        # every later epoch is the same samples again, each once: a sample that merely comes
-        # back (drawn with replacement, minGPT's sampler) makes no epochs
-        ids = [i for step in ordered[start : start + length] for i in base[step]]
-        whole = start + length <= len(ordered)
-        if len(set(ids)) != len(ids) or not set(ids) <= seen or (whole and set(ids) != seen):
-            return None
-    first = ordered[0]
-    was, now = (base_steps[0] - first) // length, (res_steps[0] - first) // length
-    return (was, now) if was != now else None
 
 
 def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:
@@ -370,7 +327,7 @@ def _account(key: str, base: StepIds, res: StepIds, split: int) -> DataAccount:
         # consumed it after the split (at another step)
         moved |= set((Counter(ids) - Counter(base.get(step, []))).elements()) & set(expected)
     result.moved = sorted(moved - set(result.repeated) - set(result.fewer))
-    result.replayed = _replayed(base, res, split)
+    result.replayed = replayed_steps(base, res, split)
     if key in AUTO_KEYS:
         _by_batch(result, base, res, split)
     return result
@@ -411,20 +368,6 @@ def _by_batch(result: DataAccount, base: StepIds, res: StepIds, split: int) -> N
     result.unconsumed = [
         s for s, ids in sorted(base.items()) if s > split and ids and not set(ids) & consumed
     ]
-
-
-def _replayed(base: StepIds, res: StepIds, split: int) -> Optional[tuple[list[int], list[int]]]:
-    """The resumed steps whose ids equal the ids of earlier uninterrupted steps, in a run."""
-    # as sets: on another number of ranks the same global batch comes in another rank order
-    earlier = {tuple(sorted(ids)): s for s, ids in sorted(base.items()) if s <= split and ids}
-    pairs = [
-        (s, earlier[tuple(sorted(ids))])
-        for s, ids in sorted(res.items())
-        if tuple(sorted(ids)) in earlier
-    ]
-    if not pairs:
-        return None
-    return [s for s, _ in pairs], [b for _, b in pairs]
 
 
 def _batch_of(steps: list[int]) -> str:

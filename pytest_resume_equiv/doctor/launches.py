@@ -20,7 +20,7 @@ from ..launch.forked import Forked, ForkServer
 from ..launch.resources import LeaseWait, with_lease
 from ..launch.running import LaunchResult, LaunchSpec, RunningLaunch, Target, terminate_as_interrupt
 from ..plan import DEFAULT_SEED
-from ..rank.context import LaunchContext
+from ..rank.launch_context import LaunchContext
 from .ranks import BACKEND_ENV, STEPS_ENV, all_reduce, probe_path, train
 from .rows import FAIL, OK, WARN, Row
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
-from ..rank.layout import signature_path
+from ..rank.run_dir import signature_path
 from .meta import META_FILE, GoldenError, GoldenMeta, read_meta, write_meta
 
 ASIDE = ".previous"

@@ -32,12 +32,7 @@ import uuid
 from typing import Callable, Optional
 
 from ..errors import ResumeEquivError
-from ..rank.layout import (
-    SLURM_PROBLEM,
-    launch_token_path,
-    rendezvous_path,
-    stacks_request_path,
-)
+from ..rank.run_dir import SLURM_PROBLEM, launch_token_path, rendezvous_path, stacks_request_path
 from .devices import node_slice
 from .spec import LaunchSpec, SlurmLauncher
 

@@ -27,7 +27,7 @@ import time
 from typing import Any, ClassVar, Optional
 
 from ..errors import ResumeEquivError
-from ..rank.layout import store_port_path
+from ..rank.run_dir import store_port_path
 from .agents import (
     Agents,
     OneRank,

@@ -1,5 +1,5 @@
 """How each rank of a finished launch ended, in words a report can use: from the status file
-the rank wrote (rank/layout.py), torchrun's exit codes, and, for a hung rank, its stack."""
+the rank wrote (rank/run_dir.py), torchrun's exit codes, and, for a hung rank, its stack."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass
 from typing import Optional
 
-from ..rank.layout import log_path, read_status
+from ..rank.run_dir import log_path, read_status
 from .stacks import faulthandler_frames, py_spy_frames, summary
 
 

@@ -21,14 +21,8 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from ..errors import ResumeEquivError
-from ..rank.layout import (
-    CONTEXT_ENV,
-    agent_log_path,
-    gate_path,
-    log_path,
-    read_pids,
-    request_stacks,
-)
+from ..rank.launch_context import CONTEXT_ENV
+from ..rank.run_dir import agent_log_path, gate_path, log_path, read_pids, request_stacks
 from .agents import BOOTSTRAP
 from .forked import FORK_SERVER, Forked, agents_for, kill_process
 from .rank_exits import RankOutcome, rank_outcomes

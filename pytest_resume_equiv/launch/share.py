@@ -15,8 +15,8 @@ import os
 import shutil
 from typing import Callable, Optional
 
-from ..rank.context import LaunchContext
-from ..rank.layout import KEEP_FILE, RESULT_FILE
+from ..rank.launch_context import LaunchContext
+from ..rank.run_dir import KEEP_FILE, RESULT_FILE
 from .rank_exits import RankOutcome
 from .running import LaunchResult, LaunchSpec, Target
 from .spec import launcher_named

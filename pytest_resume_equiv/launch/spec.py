@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from ..rank.context import LaunchContext
+from ..rank.launch_context import LaunchContext
 
 
 @dataclass(frozen=True)

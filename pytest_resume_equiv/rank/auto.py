@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 from .fingerprint import Later, local_shard
 from .inputs import batch_parts, forward_inputs, tensor_fingerprint
 from .loaded import LoaderTap
+from .patches import Patches
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -202,8 +203,10 @@ class AutoRecorder:
         self.depth = 0
         """Module forwards under way (0: the next forward is an outermost one)."""
         self.handles: list[Any] = []
-        self.calls = Wrapper()
-        self.scaler_calls = Wrapper()
+        self.calls = Wrapper(__name__)
+        self.patches = Patches(__name__)
+        """`GradScaler.step`: it compares the optimizer steps taken before and after the call,
+        which a `Wrapper` (a report after the outermost call) does not."""
         self.loader = LoaderTap()
         self.first_step_seen: Optional[Callable[[], None]] = None
         """Called once, before the first optimizer step of the process (a resumed run reads
@@ -367,16 +370,14 @@ class AutoRecorder:
                 self.step_taken(optimizer, ran=False)
             return result
 
-        step.__wrapped__ = original  # type: ignore[attr-defined]
-        scaler_class.step = step  # type: ignore[method-assign]
-        self.scaler_calls.wrapped[f"{id(scaler_class)}.step"] = (scaler_class, "step", original)
+        self.patches.replace(scaler_class, "step", step)
 
     def uninstall(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
         self.calls.unwrap()
-        self.scaler_calls.unwrap()
+        self.patches.restore()
         self.loader.uninstall()
 
 

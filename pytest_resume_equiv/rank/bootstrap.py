@@ -21,8 +21,8 @@ import traceback
 from typing import Any, Callable
 
 from .context import RankState, RunContext, reset
-from .layout import (
-    CONTEXT_ENV,
+from .launch_context import CONTEXT_ENV
+from .run_dir import (
     RankStatus,
     log_path,
     read_pids,

@@ -21,7 +21,7 @@ import time
 from typing import Any, Optional
 
 from .files import Event
-from .layout import crash_record_path, read_pids
+from .run_dir import crash_record_path, read_pids
 
 AFTER_EVENT = "event"
 WRITTEN = "written"

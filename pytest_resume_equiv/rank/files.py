@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .layout import PLUGIN_FILES, RANK_DIRS
+from .run_dir import PLUGIN_FILES, RANK_DIRS
 from .wrapping import Wrapper
 
 Event = dict[str, Any]
@@ -42,7 +42,7 @@ class FileLog:
         self.listeners: list[Callable[[Event], None]] = []
         self.before_listeners: list[Callable[[], None]] = []
         """Called before each file call (a file written before it has been closed)."""
-        self._calls = Wrapper()
+        self._calls = Wrapper(__name__)
 
     def watch(self, *folders: Optional[str]) -> None:
         """Log events inside `folders` (a folder that does not exist yet is fine)."""

@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+
+from .patches import Patches
 
 ITER_MODULE = "torch.utils.data.dataloader"
 ITER_CLASS = "_BaseDataLoaderIter"
@@ -85,8 +87,7 @@ class LoaderTap:
         """A batch was yielded since the last `take` (None is a batch too)."""
         self.seen = False
         """Some loader yielded a batch in this process."""
-        self._owner: Optional[type] = None
-        self._original: Optional[Callable[..., Any]] = None
+        self._patches = Patches(__name__)
 
     def install(self) -> None:
         """Wrap the iterators' `__next__` (torch must be imported)."""
@@ -94,7 +95,7 @@ class LoaderTap:
 
         owner = getattr(importlib.import_module(ITER_MODULE), ITER_CLASS, None)
         original = getattr(owner, "__next__", None)
-        if owner is None or original is None or self._owner is not None:
+        if owner is None or original is None or self._patches.replaced:
             return
         tap = self
 
@@ -103,14 +104,10 @@ class LoaderTap:
             tap.pending, tap.yielded, tap.seen = batch, True, True
             return batch
 
-        __next__.__wrapped__ = original  # type: ignore[attr-defined]
-        owner.__next__ = __next__  # type: ignore[method-assign]
-        self._owner, self._original = owner, original
+        self._patches.replace(owner, "__next__", __next__)
 
     def uninstall(self) -> None:
-        if self._owner is not None:
-            self._owner.__next__ = self._original  # type: ignore[method-assign]
-        self._owner = self._original = None
+        self._patches.restore()
         self.pending, self.yielded = None, False
 
     def take(self) -> Optional[list[tuple[str, Any]]]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from .layout import ALL_DEVICES, DEVICE_KINDS, device_stream, file_target, stream_key
+from .patches import Patches
 from .trace import called_from_torch, user_frame
 from .wrapping import Wrapper
 
@@ -70,14 +71,13 @@ class RestoreLog:
         """The last step recorded so far (None before the first): where a restore happens."""
         self.listeners: list[Callable[[Entry], None]] = []
         """Called with each entry (the resume point opens its draw trace at a restore)."""
-        self._calls = Wrapper()
+        self._calls = Wrapper(__name__)
         """What `_wrap` replaced, for `uninstall`, and how deep in a logged call we are."""
-        self._families: list[type] = []
+        self._patches = Patches(__name__)
+        """The restore families' `__init_subclass__`, the devices' `default_generators`."""
         self._after_import = _AfterImport()
         self._watching = True
         """Whether a device initialised from now on gets its default generators watched."""
-        self._watched_modules: list[Any] = []
-        """Device modules whose `default_generators` are a `_DefaultGenerators`."""
 
     @property
     def nested(self) -> bool:
@@ -208,8 +208,7 @@ class RestoreLog:
             if "load_state_dict" in cls.__dict__:
                 wrap(cls, "load_state_dict", call, _object_name)
 
-        base.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
-        self._families.append(base)
+        self._patches.replace(base, "__init_subclass__", classmethod(init_subclass))
 
     def install_devices(self, kinds: tuple[str, ...] = DEVICE_KINDS) -> None:
         """Wrap the accelerator modules' RNG setters (torch.npu exists only once torch_npu is
@@ -254,8 +253,8 @@ class RestoreLog:
             try:
                 found = getattr(module, "default_generators", None)
                 if log._watching and type(found) is tuple:
-                    module.default_generators = _DefaultGenerators(found, kind, log)
-                    log._watched_modules.append(module)
+                    watching = _DefaultGenerators(found, kind, log)
+                    log._patches.replace(module, "default_generators", watching)
             except Exception:  # noqa: BLE001 - runs inside torch's device initialisation
                 pass
 
@@ -283,12 +282,7 @@ class RestoreLog:
         """Put every wrapped function back (a rank never needs it; a test process does)."""
         self._calls.unwrap()
         self._watching = False
-        for module in self._watched_modules:
-            module.default_generators = tuple(module.default_generators)
-        self._watched_modules.clear()
-        for base in self._families:
-            delattr(base, "__init_subclass__")
-        self._families.clear()
+        self._patches.restore()
         self._after_import.hooks.clear()
         if self._after_import in sys.meta_path:
             sys.meta_path.remove(self._after_import)

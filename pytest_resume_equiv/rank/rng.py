@@ -2,14 +2,14 @@
 every `torch.Generator` the process created, named by where it was created (or, for one
 torch's own code makes, by the DataLoader that owns it).
 
-Generators are found by wrapping `torch.Generator` construction once the in-rank API is active
-(the bootstrap does it before the user's code runs), because a generator owned by some module
-or sampler and re-seeded at construction is the resume bug nobody thinks to save.
+Generators are found by replacing `torch.Generator` with a subclass that registers each one
+made (`logged_generator_class`; the bootstrap installs it before the user's code runs),
+because a generator owned by some module or sampler and re-seeded at construction is the
+resume bug nobody thinks to save.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 import sys
@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from .fingerprint import content_hash, hash_bytes
 from .layout import DEVICE_KINDS, device_stream, generator_stream, owned_generator, stream_key
+from .patches import Patches
 from .trace import called_from_torch, inside, short_path, torch_dir, user_frame
 
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -58,7 +59,7 @@ class Owners:
     def __init__(self) -> None:
         self.parts: list[tuple[weakref.ref, str]] = []
         """(weak reference to a sampler or batch sampler, the loader's build site)."""
-        self._replaced: Any = None
+        self._patches = Patches(__name__)
 
     def add(self, loader: Any, site: str) -> None:
         batch_sampler = getattr(loader, "batch_sampler", None)
@@ -81,10 +82,10 @@ class Owners:
     def install(self) -> None:
         """Remember where each DataLoader is built (wraps `DataLoader.__init__`; a subclass's
         own `__init__` calls it too)."""
-        if self._replaced is not None:
-            return
         from torch.utils.data import DataLoader
 
+        if self._patches.holds(DataLoader, "__init__"):
+            return
         real = DataLoader.__init__
         add = self.add
 
@@ -92,14 +93,10 @@ class Owners:
             real(loader, *args, **kwargs)
             add(loader, user_frame(2))
 
-        functools.update_wrapper(__init__, real)
-        self._replaced = real
-        DataLoader.__init__ = __init__  # type: ignore[method-assign]
+        self._patches.replace(DataLoader, "__init__", __init__)
 
     def uninstall(self) -> None:
-        if self._replaced is not None:
-            sys.modules["torch"].utils.data.DataLoader.__init__ = self._replaced
-            self._replaced = None
+        self._patches.restore()
 
 
 class Generators:
@@ -111,8 +108,8 @@ class Generators:
         """(creation site or given name, weak reference, named?) in creation order."""
         self.ignored: set[str] = set()
         """Stream names of generators tracked with ignore=True."""
-        self._replaced: Any = None
-        """torch.Generator as it was before `install` (None while not installed)."""
+        self._patches = Patches(__name__)
+        """`torch.Generator`, replaced while installed."""
         self.owners = Owners()
 
     def register(self, generator: Any, name: Optional[str] = None) -> None:
@@ -168,63 +165,70 @@ class Generators:
         return f"unknown {generator.device}"
 
     def install(self, on_restored: Callable[[Any, str], None]) -> None:
-        """Wrap `torch.Generator` so every generator created from now on is registered here;
+        """Replace `torch.Generator` so every generator created from now on is registered here;
         `on_restored(generator, call)` hears of each seeding or state setting by the user's
         code (torch's own seeding of generators it makes, a sampler's at each epoch, is not
         a restore)."""
-        if self._replaced is not None:
-            return
         import torch
 
-        real = torch._C.Generator
-        register = self.register
-
-        class _GeneratorType(type):
-            # isinstance/issubclass keep answering for real generators (the default ones too).
-            def __instancecheck__(cls, obj: Any) -> bool:
-                return isinstance(obj, real)
-
-            def __subclasscheck__(cls, sub: type) -> bool:
-                return issubclass(sub, real)
-
-            def __getattr__(cls, name: str) -> Any:
-                return getattr(real, name)
-
-        class _Logged(real):  # type: ignore[misc, valid-type]
-            """A real generator whose seeding and state setting are reported."""
-
-            def manual_seed(self, seed: Any) -> Any:
-                result = super().manual_seed(seed)
-                if not called_from_torch(2):
-                    on_restored(self, "manual_seed")
-                return result
-
-            def set_state(self, state: Any) -> Any:
-                result = super().set_state(state)
-                if not called_from_torch(2):
-                    on_restored(self, "set_state")
-                return result
-
-        class Generator(metaclass=_GeneratorType):
-            __doc__ = real.__doc__
-
-            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-                generator = _Logged(*args, **kwargs)
-                register(generator)
-                return generator
-
-        _Logged.__module__ = Generator.__module__ = "torch"
-        _Logged.__qualname__ = Generator.__qualname__ = "Generator"
-        self._replaced = torch.Generator
-        torch.Generator = Generator
+        if self._patches.holds(torch, "Generator"):
+            return
+        generator_class = logged_generator_class(torch._C.Generator, self.register, on_restored)
+        self._patches.replace(torch, "Generator", generator_class)
         self.owners.install()
 
     def uninstall(self) -> None:
         """Give torch its own `Generator` back (a rank never needs it; a test process does)."""
-        if self._replaced is not None:
-            sys.modules["torch"].Generator = self._replaced
-            self._replaced = None
+        self._patches.restore()
         self.owners.uninstall()
+
+
+def logged_generator_class(
+    real: type, register: Callable[[Any], None], on_restored: Callable[[Any, str], None]
+) -> type:
+    """What stands for `torch.Generator` while the audit is installed: a subclass of the real
+    class, named `torch.Generator`, so a generator made from it is a real one for every op
+    and `type(g) is torch.Generator` holds as it does without the plugin. Each one is
+    registered when made (a user's subclass too), and its `manual_seed` / `set_state` calls
+    made outside torch are reported. `isinstance(x, torch.Generator)` and
+    `issubclass(c, torch.Generator)` keep answering for every real generator (the default
+    ones, one made before the audit); a user's subclass answers as any class does."""
+
+    class GeneratorType(type(real)):  # type: ignore[misc]
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, real) if cls is Generator else super().__instancecheck__(obj)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, real) if cls is Generator else super().__subclasscheck__(sub)
+
+    class Generator(real, metaclass=GeneratorType):  # type: ignore[misc, valid-type]
+        __doc__ = real.__doc__
+        __module__ = "torch"
+        __qualname__ = "Generator"  # pickled by reference as `torch.Generator`
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            generator = real.__new__(cls, *args, **kwargs)
+            register(generator)
+            return generator
+
+        def manual_seed(self, seed: Any) -> Any:
+            result = real.manual_seed(self, seed)
+            if not called_from_torch(2) and _made_here(self):
+                on_restored(self, "manual_seed")
+            return result
+
+        def set_state(self, state: Any) -> Any:
+            result = real.set_state(self, state)
+            if not called_from_torch(2) and _made_here(self):
+                on_restored(self, "set_state")
+            return result
+
+    def _made_here(generator: Any) -> bool:
+        """Made from this class (`torch.Generator.manual_seed(torch.default_generator, 1)`
+        calls the method on a generator it never registered)."""
+        return Generator in type(generator).__mro__
+
+    return Generator
 
 
 def _device_modules() -> list[tuple[str, Any]]:

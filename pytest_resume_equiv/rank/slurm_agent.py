@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Callable
 
-from .layout import SLURM_PROBLEM, launch_token_path, rendezvous_path
+from .run_dir import SLURM_PROBLEM, launch_token_path, rendezvous_path
 
 WAIT_SECONDS = float(os.environ.get("RESUME_EQUIV_SLURM_WAIT", "60"))
 """How long a node waits to see the token and node 0's endpoint (NFS attribute caches)."""

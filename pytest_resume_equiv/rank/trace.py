@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Optional
 
 from .layout import device_stream, generator_stream, stream_key
+from .patches import Patches
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The plugin's package: its frames are never the user's."""
@@ -113,7 +114,8 @@ class DrawTrace:
         self.draws: list[dict[str, Any]] = []
         self.active = False
         self._mode: Any = None
-        self._patched: list[tuple[Any, str, Any]] = []
+        self._patches = Patches(__name__)
+        """The global generators' module functions, replaced inside the window."""
 
     def start(self) -> None:
         if self.active:
@@ -123,14 +125,12 @@ class DrawTrace:
         self._mode = _torch_mode(self)
         if self._mode is not None:
             self._mode.__enter__()
-        self._patched = _patch_host_draws(self)
+        _patch_host_draws(self, self._patches)
 
     def stop(self) -> list[dict[str, Any]]:
         if self.active:
             self.active = False
-            for module, name, original in self._patched:
-                setattr(module, name, original)
-            self._patched = []
+            self._patches.restore()
             if self._mode is not None:
                 self._mode.__exit__(None, None, None)
                 self._mode = None
@@ -160,10 +160,9 @@ class DrawTrace:
 _HOST_SKIP = {"getstate", "setstate", "get_state", "set_state", "seed", "__reduce__"}
 
 
-def _patch_host_draws(window: DrawTrace) -> list[tuple[Any, str, Any]]:
+def _patch_host_draws(window: DrawTrace, patches: Patches) -> None:
     """For the window: the module functions of Python's and numpy's global generators
     (`random.random`, `np.random.rand`, ... are methods of one hidden instance) log a draw."""
-    patched = []
     targets = [("random", "_inst", stream_key("python"))]
     if "numpy" in sys.modules:
         targets.append(("numpy.random", "mtrand._rand", stream_key("numpy")))
@@ -177,9 +176,7 @@ def _patch_host_draws(window: DrawTrace) -> list[tuple[Any, str, Any]]:
         for name in dir(module):
             fn = getattr(module, name, None)
             if getattr(fn, "__self__", None) is instance and name not in _HOST_SKIP:
-                patched.append((module, name, fn))
-                setattr(module, name, _logging(window, fn, name, stream))
-    return patched
+                patches.replace(module, name, _logging(window, fn, name, stream))
 
 
 def _logging(window: DrawTrace, fn: Any, name: str, stream: str) -> Any:

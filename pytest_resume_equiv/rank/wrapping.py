@@ -2,24 +2,27 @@
 what it did, only for the outermost of nested watched calls of one thread (`torch.save`
 opens its file; `load_state_dict` of a module calls its children's).
 
-The restore log (`restore.py`) and the file-event log (`files.py`) both watch calls so.
+The restore log (`restore.py`), the file-event log (`files.py`) and automatic recording
+(`auto.py`) watch calls so; the replacing itself is `patches.Patches`'.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+from .patches import Patches
+
 
 class Wrapper:
-    """The calls one log has wrapped (to undo them), and the nesting depth per thread."""
+    """The calls one log has wrapped (to undo them), and the nesting depth per thread.
+    `module`: the wrapping module's `__name__` (its row of `patches.PATCHES`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str) -> None:
         self.depth = threading.local()
-        self.wrapped: dict[str, tuple[Any, str, Any]] = {}
+        self.patches = Patches(module)
 
     @property
     def nested(self) -> bool:
@@ -48,13 +51,11 @@ class Wrapper:
         `report(*args, **kwargs)` (what happened, not what was tried) unless `skip()`, asked
         before the call, says it is none of the log's business; `before()` runs first in an
         outermost call (what happened up to it is over)."""
-        key = f"{id(owner)}.{attribute}"
         original = getattr(owner, attribute, None)
-        if original is None or key in self.wrapped:
+        if original is None or self.patches.holds(owner, attribute):
             return
         depth = self.depth
 
-        @functools.wraps(original)
         def watched(*args: Any, **kwargs: Any) -> Any:
             outer = getattr(depth, "n", 0)
             if outer == 0 and before is not None:
@@ -69,10 +70,7 @@ class Wrapper:
                 report(*args, **kwargs)
             return result
 
-        setattr(owner, attribute, watched)
-        self.wrapped[key] = (owner, attribute, original)
+        self.patches.replace(owner, attribute, watched)
 
     def unwrap(self) -> None:
-        for owner, attribute, original in reversed(list(self.wrapped.values())):
-            setattr(owner, attribute, original)
-        self.wrapped.clear()
+        self.patches.restore()

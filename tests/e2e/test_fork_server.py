@@ -18,7 +18,7 @@ from pytest_resume_equiv.launch.agents import OneRank, Standalone
 from pytest_resume_equiv.launch.forked import Forked, ForkServer, agents_for, fork_refusal
 from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
 from pytest_resume_equiv.launch.spec import default_env, launcher_named
-from pytest_resume_equiv.rank.context import LaunchContext
+from pytest_resume_equiv.rank.launch_context import LaunchContext
 from pytest_resume_equiv.settings import parse_preload
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

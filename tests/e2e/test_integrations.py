@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import CPU
 
-from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.rank.run_dir import signature_path
 from pytest_resume_equiv.signature import Signature, read_signature
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

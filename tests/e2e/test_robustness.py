@@ -18,7 +18,7 @@ from pytest_resume_equiv.launch.stacks import (
     py_spy_frames,
     summary,
 )
-from pytest_resume_equiv.rank.layout import log_path
+from pytest_resume_equiv.rank.run_dir import log_path
 
 
 @pytest.mark.long(30)

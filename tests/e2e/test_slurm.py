@@ -24,8 +24,8 @@ from pytest_resume_equiv.launch.rank_exits import rank_outcomes
 from pytest_resume_equiv.launch.resources import parallelism
 from pytest_resume_equiv.launch.running import LaunchSpec, Target
 from pytest_resume_equiv.launch.spec import launcher_named
-from pytest_resume_equiv.rank.context import LaunchContext
-from pytest_resume_equiv.rank.layout import (
+from pytest_resume_equiv.rank.launch_context import LaunchContext
+from pytest_resume_equiv.rank.run_dir import (
     SLURM_PROBLEM,
     launch_token_path,
     read_pids,

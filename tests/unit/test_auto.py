@@ -14,7 +14,7 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.rank.auto import StepCounter
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.inputs import batch_parts, sample_ids
-from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.rank.run_dir import signature_path
 from pytest_resume_equiv.rank.trace import FORWARD
 from pytest_resume_equiv.signature import read_signature
 

@@ -22,7 +22,7 @@ from pytest_resume_equiv.marker import parse_marker
 from pytest_resume_equiv.rank import crasher as crash
 from pytest_resume_equiv.rank.crasher import Crasher, in_window
 from pytest_resume_equiv.rank.encode import encode
-from pytest_resume_equiv.rank.layout import RankStatus, write_status
+from pytest_resume_equiv.rank.run_dir import RankStatus, write_status
 from pytest_resume_equiv.signature import Signature
 
 ROOT = "/runs/u/checkpoints"

@@ -1,7 +1,8 @@
 """The documentation stays true: the options table matches the code and is in one place,
-the site builds strictly, the changelog names this version, the CI recipes use the plugin as
-documented."""
+the in-process page is the one its script writes from the code, the site builds strictly, the
+changelog names this version, the CI recipes use the plugin as documented."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -36,6 +37,17 @@ def test_options_table_is_in_one_place():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     holding = [p.relative_to(ROOT).as_posix() for p in pages if _option_rows(p)]
     assert holding == ["docs/reference/options.md"]
+
+
+def test_in_process_page_is_generated_from_the_patches_table():
+    """docs/reference/in-process.md is what scripts/in_process_doc.py writes from
+    rank/patches.py's PATCHES (run the script after changing the table)."""
+    path = ROOT / "scripts" / "in_process_doc.py"
+    spec = importlib.util.spec_from_file_location("in_process_doc", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = ROOT / "docs" / "reference" / "in-process.md"
+    assert page.read_text(encoding="utf-8") == script.render(), "run scripts/in_process_doc.py"
 
 
 def test_marker_keywords_are_documented():

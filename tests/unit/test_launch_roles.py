@@ -15,7 +15,8 @@ from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.judge import LaunchFailed, run_plan
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
 from pytest_resume_equiv.launch.running import LaunchResult
-from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION, signature_path
+from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION
+from pytest_resume_equiv.rank.run_dir import signature_path
 from pytest_resume_equiv.rank.template import fill
 from pytest_resume_equiv.schedule import Scheduler
 

@@ -28,6 +28,7 @@ from pytest_resume_equiv.rank.layout import (
     watch_key,
     watched,
 )
+from pytest_resume_equiv.rank.run_dir import signature_path
 from pytest_resume_equiv.signature import read_signature
 
 
@@ -80,7 +81,7 @@ def test_a_new_section_is_one_declaration_and_one_capture(in_rank, monkeypatch):
     req.record(1, loss=0.5)
     req.resume_point()
     current().close()
-    sig = read_signature(layout.signature_path(run_dir, 0))
+    sig = read_signature(signature_path(run_dir, 0))
     ((_, values),) = sig.steps
     assert values["amp:scale"] == 1024 and is_audit_key("amp:scale")
     assert sig.resume_points[0]["amp"] == {"scale": 1024}

@@ -13,7 +13,7 @@ from pytest_resume_equiv.compare.tolerance import ComparisonRules
 from pytest_resume_equiv.diagnose import Diagnosis
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
 from pytest_resume_equiv.launch.running import LaunchResult
-from pytest_resume_equiv.rank.layout import log_path
+from pytest_resume_equiv.rank.run_dir import log_path
 from pytest_resume_equiv.report.records import RunRecord, TestRecord, report_json
 from pytest_resume_equiv.report.text import (
     format_launch_failure,

@@ -134,7 +134,7 @@ def test_each_simulated_node_is_started_with_its_own_slice(tmp_path, monkeypatch
     """RunningLaunch gives each agent process its node's variables."""
     from pytest_resume_equiv.launch import running
     from pytest_resume_equiv.launch.running import LaunchSpec, RunningLaunch, Target
-    from pytest_resume_equiv.rank.context import LaunchContext
+    from pytest_resume_equiv.rank.launch_context import LaunchContext
 
     envs = []
 

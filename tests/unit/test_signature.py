@@ -10,7 +10,7 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.rank.context import current
 from pytest_resume_equiv.rank.encode import UnrecordableValue, encode
 from pytest_resume_equiv.rank.fingerprint import content_hash
-from pytest_resume_equiv.rank.layout import signature_path
+from pytest_resume_equiv.rank.run_dir import signature_path
 from pytest_resume_equiv.signature import SignatureError, read_run, read_signature
 
 
