@@ -147,26 +147,3 @@ def test_what_differs_from_torch_generator(audited):
     current().generators.uninstall()
     with pytest.raises(ValueError):
         inspect.signature(torch.Generator)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason="dynamo tells a generator by `type(value) is torch._C.Generator` "
-    "(torch/_dynamo/variables/builder.py): the stand-in's instance goes down its opaque object "
-    "path and the compiled function fails to trace. Not safe: a compiled function given a "
-    "generator the trainer made fails in a rank (it did with the earlier stand-in too)",
-)
-def test_a_compiled_function_takes_a_generator_made_under_the_audit(audited):
-    g = torch.Generator().manual_seed(1)
-
-    @torch.compile(backend="eager", fullgraph=False)
-    def noisy(x, generator):
-        return x * 2 + torch.randn(3, generator=generator)
-
-    try:
-        got = noisy(torch.ones(3), g)
-    finally:
-        torch._dynamo.reset()
-    g.manual_seed(1)
-    assert torch.equal(got, torch.ones(3) * 2 + torch.randn(3, generator=g))
