@@ -127,7 +127,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "`torch.Generator`: a subclass of the real class (named `torch.Generator`) whose "
         "instances are registered for the RNG audit and whose `manual_seed` and `set_state` "
-        "are logged as restores",
+        "are logged as restores (torch.compile tells a generator by its exact type: a compiled "
+        "function given a generator made in a rank fails to trace)",
         "rank/rng.py",
         REPLACED,
         "each generator made: a walk up the stack to name where it was made, and a weak "

@@ -134,8 +134,9 @@ def test_what_differs_from_torch_generator(audited):
 
     - `type(g) is torch._C.Generator` is False, and `repr(g)` names `torch.Generator`. torch's
       C++ accepts a subclass (its check is a subclass check) and Python code asks
-      `isinstance`, which answers as without the audit. torch.compile is the exception: see
-      the next test.
+      `isinstance`, which answers as without the audit. torch.compile is the exception: dynamo
+      tells a generator by its exact type, so a compiled function given a generator made in
+      a rank fails to trace (known; told in docs/reference/in-process.md).
     - `inspect.signature(torch.Generator)` is the stand-in's `(*args, **kwargs)`; torch's
       class, a builtin type, has none (ValueError).
     - A generator made before the audit, or loaded from a pickle written without it, is
