@@ -12,12 +12,11 @@ from typing import Optional
 
 from ..compare.comparators import Comparator, Run
 from ..compare.diff import Comparison, format_comparison
-from ..compare.gate import GateFacts, gate
+from ..compare.gate import gate
 from ..compare.loaded_step import loaded_step
 from ..compare.noise import NoiseFacts
 from ..compare.streams import same_streams
-from ..compare.tolerance import ComparisonRules
-from ..diagnose import Diagnosis, Stage, cause, diagnose, diagnose_resume_point
+from ..diagnose import Diagnosis, diagnose_resume
 from ..diagnose.classes import FRESH_PROCESS
 from ..diagnose.evidence import touches
 from ..diagnose.preflight import PreflightFacts, preflight_of
@@ -26,7 +25,7 @@ from ..plan import PlannedLaunch, Planner
 from ..rank.layout import AUTO, is_audit_key, section_of, target_file, watched_subject
 from .base import Check, Judging, Outcome, Verdict
 from .launches import resumed_from, source_of, uninterrupted_of
-from .within_noise import fresh_process, rejudge
+from .within_noise import rejudge
 
 
 def format_diagnosis(diag: Diagnosis) -> list[str]:
@@ -77,25 +76,14 @@ def judge_resume(
         primary=True,
         signatures=(reference, run),
     )
-    if cmp.equal and held.failed:
-        verdict.diagnosis = diagnose_resume_point(cmp, reference, run)
-    else:
-        verdict.diagnosis = fresh_process(verdict) or diagnose(cmp, reference, run)
-    if source is not None and held.held and not cmp.equal:
-        saved_wrong = _saved_wrong_by_source(reference, run, split, held, rules)
-        verdict.diagnosis = saved_wrong or verdict.diagnosis
+    # against the uninterrupted run too, when the gate held against the launch that wrote it
+    wrote = source is not None and held.held and not cmp.equal
+    writer = gate(reference, None, run, split, rules) if wrote else None
+    verdict.diagnosis = diagnose_resume(cmp, reference, run, held, writer)
     div = cmp.divergence
     if div is not None and is_audit_key(div.key):
         verdict.values_match = comparator.compare(reference, run, split, user_only=True).equal
     return verdict
-
-
-def _saved_wrong_by_source(
-    reference: Run, run: Run, split: int, held: GateFacts, rules: ComparisonRules
-) -> Optional[Diagnosis]:
-    """The resumed run restored exactly what the launch that wrote its checkpoint held at the
-    split; the gate against the uninterrupted run says whether that launch saved it wrong."""
-    return cause(Stage.SOURCE, (held, gate(reference, None, run, split, rules)))
 
 
 def saved_again(signatures: Run, split: int, checkpoint: Optional[str]) -> str:

@@ -16,14 +16,16 @@ from __future__ import annotations
 from typing import Optional
 
 from ..compare.diff import Comparison
+from ..compare.gate import GateFacts
 from ..signature import Signature
+from .at_check import Judged
 from .at_resume import state_at_resume
 from .evidence import Evidence
 from .registry import NOTES, leads_over, stage
 from .rules import Diagnosis, Stage, first
 from .subject import held_at_resume
 
-__all__ = ["Diagnosis", "Stage", "cause", "diagnose", "diagnose_resume_point"]
+__all__ = ["Diagnosis", "Stage", "cause", "diagnose", "diagnose_resume", "diagnose_resume_point"]
 
 
 def cause(of: Stage, subject: object) -> Optional[Diagnosis]:
@@ -53,6 +55,27 @@ def diagnose(
         if said:
             found.notes.append(said)
     return found
+
+
+def diagnose_resume(
+    cmp: Comparison,
+    base: dict[int, Signature],
+    res: dict[int, Signature],
+    held: GateFacts,
+    against_uninterrupted: Optional[GateFacts] = None,
+) -> Optional[Diagnosis]:
+    """The cause of a resume's verdict, stage after stage: a launch that wrote the checkpoint
+    wrong (the resume restored exactly what it held, `held`, and that is not the uninterrupted
+    run's state, `against_uninterrupted`); the resume point alone, when only it differs; the
+    resumed process's own compute, when the state loaded exactly; else the first divergence."""
+    if against_uninterrupted is not None and not cmp.equal:
+        found = cause(Stage.SOURCE, (held, against_uninterrupted))
+        if found is not None:
+            return found
+    if cmp.equal and held.failed:
+        return diagnose_resume_point(cmp, base, res)
+    own = cause(Stage.FRESH_PROCESS, Judged(held, cmp, runs=(base, res)))
+    return own or diagnose(cmp, base, res)
 
 
 def diagnose_resume_point(
