@@ -173,3 +173,85 @@ def test_a_resume_that_re_executes_the_epoch_it_was_saved_in_is_named():
 def test_steps_past_the_end_without_a_replay_in_the_data_get_no_cause():
     base, res = auto_runs(inputs, res_steps=range(4, 10))
     assert diagnose(compare_runs(base, res, SPLIT, 6), base, res) is None
+
+
+# Saved in the middle of an accumulation window
+
+MID_WINDOW = "checkpoint.saved-mid-window"
+MID_STEP = saved("torch.save", SPLIT, 150)
+"""Written again in the training thread after the uninterrupted run's resume point (t=100),
+while step 3 was still the last optimizer step: after step 4's first micro-batch."""
+HELD = point(checkpoint=CKPT, time_ns=1000)
+"""The resumed run's resume point, equal to the uninterrupted run's (no optimizer step came
+between the save and it)."""
+
+
+def per_backward(losses):
+    """Recorded automatically: a loss per backward() of each step (`losses(step)`)."""
+    return lambda s: {"auto:loss": losses(s), "rng:cpu": f"c{s}"}
+
+
+TWO_MICRO_BATCHES = per_backward(lambda s: [s / 2, s / 3])
+
+
+def mid_window(files, base_values=TWO_MICRO_BATCHES, first_losses=(4 / 3,)):
+    """The uninterrupted run's steps accumulate `base_values`; the resumed run's step 4
+    recorded `first_losses` (by default the last of step 4's two micro-batches, bit for bit)."""
+
+    def res_values(s):
+        return {"auto:loss": list(first_losses) if s == 4 else [s / 5, s / 7], "rng:cpu": f"c{s}"}
+
+    return diagnosis(BASE, HELD, [LOAD], base_values, res_values, files=files)
+
+
+@fires(MID_WINDOW)
+def test_a_checkpoint_written_again_after_the_next_steps_first_micro_batch_was_saved_mid_window():
+    d = mid_window([AT_SPLIT, MID_STEP])
+    named(
+        d,
+        MID_WINDOW,
+        "gradient accumulation",
+        "was written again after the uninterrupted run began step 4 (rank 0: "
+        "torch.save(rank-0.pt), before that step's optimizer step), in the middle of its "
+        "accumulation window of 2 micro-batches: the accumulated gradients of the micro-batches "
+        "before the save (1 micro-batch) are not in the checkpoint",
+        "save only at an optimizer step (where the gradients are synchronized and zeroed",
+    )
+    assert d.cause.startswith("rank 0: the checkpoint at /ckpt/step_3 ")
+    assert d.evidence["lost"] == 1 and d.evidence["micro_batches"] == 2
+    # losses that are not the uninterrupted run's last ones count no lost micro-batch
+    other = mid_window([AT_SPLIT, MID_STEP], first_losses=(9.0,))
+    named(
+        other,
+        MID_WINDOW,
+        "gradient accumulation",
+        "of 2 micro-batches: the accumulated gradients of the micro-batches before the save are",
+        "or save the accumulated gradients with the checkpoint and restore them",
+    )
+    assert other.evidence["lost"] is None and "micro-batch)" not in other.cause
+
+
+@look_alike(MID_WINDOW, wins=LATE)
+def test_a_write_after_the_split_in_a_background_thread_is_written_late_not_mid_window():
+    d = mid_window([AT_SPLIT, saved("torch.save", SPLIT, 150, thread="saver")])
+    assert d.rule == LATE, d.text()
+    assert "in thread 'saver'" in d.cause and "accumulation window" not in d.cause
+
+
+@look_alike(MID_WINDOW, wins=REWRITTEN)
+def test_a_later_steps_save_to_the_same_path_explains_a_mid_window_write():
+    """The mid-step write is there too, but a save after step 5 to the same path is what the
+    resumed run loaded."""
+    d = mid_window([AT_SPLIT, MID_STEP, saved("torch.save", 5, 300)])
+    assert d.rule == REWRITTEN, d.text()
+    assert "torch.save(rank-0.pt) after step 5" in d.cause
+
+
+@look_alike(MID_WINDOW, wins="held.computed-differently")
+def test_a_write_during_a_step_of_one_micro_batch_is_no_accumulation_window():
+    """The same write after step 4 began, but step 4 took one backward: no window to save
+    in the middle of (here the resume point held, so the step computed differently)."""
+    one = per_backward(lambda s: [s / 2])
+    d = mid_window([AT_SPLIT, MID_STEP], base_values=one, first_losses=(9.0,))
+    assert d.rule == "held.computed-differently", d.text()
+    assert d.bug_class != "gradient accumulation"

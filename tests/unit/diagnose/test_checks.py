@@ -8,17 +8,18 @@ from test_topology import global_ids, judge
 from test_topology import run as topology_run
 
 from pytest_resume_equiv.compare.comparators import NOISE_FACTOR
-from pytest_resume_equiv.compare.diff import Comparison, Divergence
+from pytest_resume_equiv.compare.diff import Comparison, Divergence, compare_runs
 from pytest_resume_equiv.compare.gate import GateFacts
 from pytest_resume_equiv.diagnose import Stage, cause
 from pytest_resume_equiv.diagnose.at_check import CrashedAt, Judged
 
-from .builders import SPLIT, STEPS, fires, look_alike, named
+from .builders import SPLIT, STEPS, fires, look_alike, named, run
 
 SOURCE = "source.saved-wrong-by-its-writer"
 TOPOLOGY_DATA, TOPOLOGY_VALUES = "topology.data-not-equivalent", "topology.values-beyond-noise"
 CRASH, NOISE = "crash.torn-by-the-crash", "noise.beyond-measured-noise"
 FRESH = "fresh-process.rounding-level"
+THROUGHOUT = "fresh-process.rounding-level-throughout"
 
 WRITER = "the launch of split 2"
 HELD_AGAINST_WRITER = GateFacts("held", reference=WRITER, at="train.py:50")
@@ -147,6 +148,77 @@ def test_beyond_rounding_after_the_first_step_or_with_a_failed_gate_is_no_fresh_
         Judged(HELD, Comparison(SPLIT, STEPS, 1)),
     ):
         assert cause(Stage.FRESH_PROCESS, judged) is None, judged
+
+
+def resumed_within(gaps, hashed=True):
+    """(uninterrupted, resumed) runs of one rank: the resumed loss at step s is the
+    uninterrupted run's times 1 + gaps[s] (steps 4-6); its watched weights' hash differs
+    after the split while their statistics are equal (`hashed`)."""
+
+    def values(scale, tag):
+        def step(s):
+            weights = {"w": {"hash": f"{tag}{s}", "norm": float(s)}}
+            return {"loss": s / 2 * scale(s), "watch:model.params": weights}
+
+        return step
+
+    base = {0: run("uninterrupted", range(1, STEPS + 1), values(lambda s: 1.0, "h"))}
+    other = "x" if hashed else "h"
+    res = {0: run("resumed", range(SPLIT + 1, STEPS + 1), values(lambda s: 1 + gaps[s], other))}
+    return base, res
+
+
+def judged_runs(gate, gaps, hashed=True):
+    base, res = resumed_within(gaps, hashed)
+    return Judged(gate, compare_runs(base, res, SPLIT, STEPS), "resumed", runs=(base, res))
+
+
+AT_ROUNDING = {4: 1e-7, 5: 1e-6, 6: 2e-4}
+"""Relative gaps of the resumed losses, every one at rounding level (at most 1e-3)."""
+
+
+@fires(THROUGHOUT)
+def test_an_exact_resume_whose_every_later_value_stays_at_rounding_level_is_the_fresh_process():
+    d = cause(Stage.FRESH_PROCESS, judged_runs(HELD, AT_ROUNDING))
+    named(
+        d,
+        THROUGHOUT,
+        "resumed-process compute",
+        "the resumed process computes step 4 differently at rounding level (loss on rank 0), "
+        "and every later step too: every value that differs stays at rounding level (at most "
+        "relative 0.0002: loss, watch:model.params), another reduction order, kernel or code "
+        "path in the resumed process, not a restore bug",
+    )
+    assert d.evidence["keys"] == ["loss", "watch:model.params"]
+    assert d.evidence["gap"] > 1e-4
+
+
+@look_alike(THROUGHOUT, wins=FRESH)
+def test_a_later_step_that_differs_materially_leaves_only_the_first_steps_rounding():
+    """Step 4 at rounding level, step 6 by 1%: what the resumed process missed moves the
+    training; only the first step's difference is the fresh process's."""
+    d = cause(Stage.FRESH_PROCESS, judged_runs(HELD, {**AT_ROUNDING, 6: 1e-2}))
+    named(
+        d,
+        FRESH,
+        "resumed-process compute",
+        "the resumed process computes step 4 differently at rounding level (loss on rank 0): "
+        "kernel selection or autotuning in a fresh process",
+    )
+    assert "every later step too" not in d.cause
+    # no runs to read every step from: the first step alone
+    assert cause(Stage.FRESH_PROCESS, Judged(HELD, diverging(1.0, 1.0000001))).rule == FRESH
+
+
+@look_alike(THROUGHOUT, wins=None)
+def test_rounding_level_throughout_after_a_failed_gate_or_a_material_first_step_is_no_cause():
+    for judged in (
+        judged_runs(FAILED, AT_ROUNDING),
+        judged_runs(GateFacts("unknown"), AT_ROUNDING),
+        judged_runs(HELD, {**AT_ROUNDING, 4: 0.5}),
+    ):
+        d = cause(Stage.FRESH_PROCESS, judged)
+        assert d is None, (judged.gate, d and d.text())
 
 
 @fires(NOISE)

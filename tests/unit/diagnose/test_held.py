@@ -23,6 +23,7 @@ from .builders import (
 
 COMPUTED = "held.computed-differently"
 MICRO, WINDOW = "step.micro-batches", "step.accumulation-window"
+LOST = "step.accumulation-window-lost"
 
 
 # Never contradict the resume point (issue 30, item 3)
@@ -126,6 +127,55 @@ def test_as_many_micro_batches_that_compute_otherwise_are_no_accumulation_phase(
     base_values = per_backward(lambda s: [s / 2, s / 3])
     res_values = per_backward(lambda s: [s / 5, s / 7])
     assert accumulated(base_values, res_values, held=True).rule == COMPUTED
+
+
+TWO_MICRO_BATCHES = per_backward(lambda s: [s / 2, s / 3])
+
+
+@fires(LOST)
+@pytest.mark.parametrize("with_points", [True, False])
+def test_a_first_step_that_took_the_last_of_its_micro_batches_lost_the_window(with_points):
+    """Step 4 accumulates three micro-batches; the resumed run's step 4 took only the last
+    two, bit for bit the uninterrupted run's: the first was done before the save, its
+    gradients were not in the checkpoint."""
+    base_values = per_backward(lambda s: [s / 2, s / 3, s / 5])
+    res_values = per_backward(lambda s: [4 / 3, 4 / 5] if s == 4 else [s / 7, s / 9, s / 11])
+    d = accumulated(base_values, res_values, with_points)
+    named(
+        d,
+        LOST,
+        "gradient accumulation",
+        "the first resumed optimizer step took the last 2 of the 3 micro-batches the "
+        "uninterrupted run accumulated for it (their losses match bit for bit): the "
+        "accumulated gradients of the 1 micro-batch before the save were lost",
+        "save only at an optimizer step (where the gradients are synchronized and zeroed",
+    )
+    assert d.cause.startswith("rank 0, step 4: ")
+
+
+@look_alike(LOST, wins=MICRO)
+@pytest.mark.parametrize(
+    "first_losses",
+    [[4 / 2], [4 / 3 + 1e-9], [9.0]],
+    ids=["prefix", "suffix-not-bit-equal", "other-values"],
+)
+def test_fewer_micro_batches_that_are_not_the_windows_last_are_out_of_phase(first_losses):
+    """The resumed step 4 took one micro-batch of the two: the first one (a counter out of
+    phase, its window cut short), or another value: no window lost at the save."""
+    res_values = per_backward(lambda s: first_losses if s == 4 else [s / 5, s / 7])
+    d = accumulated(TWO_MICRO_BATCHES, res_values, held=True)
+    assert d.rule == MICRO, d.text()
+    assert "took 1 micro-batch (backward calls) in the resumed run and 2" in d.cause
+
+
+@look_alike(LOST, wins=MICRO)
+def test_the_last_micro_batches_of_a_later_step_are_no_window_lost_at_the_resume():
+    """Step 4 matches; step 5 took the last of its micro-batches: not the first resumed step,
+    so not the save's window."""
+    res_values = per_backward(lambda s: [5 / 3] if s == 5 else [s / 2, s / 3])
+    d = accumulated(TWO_MICRO_BATCHES, res_values, held=True)
+    assert d.rule == MICRO, d.text()
+    assert d.cause.startswith("rank 0, step 5: ")
 
 
 def optimizer(count, lr):

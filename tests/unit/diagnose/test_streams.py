@@ -29,6 +29,7 @@ BUILT_AFTER_LOAD, RESEEDED = ID + "generator-built-after-load", ID + "re-seeded"
 REPEATED, ADVANCED = ID + "repeated-before-the-resume", ID + "restored-then-advanced"
 TOO_LATE, WRONG = ID + "restored-too-late", ID + "restored-wrong"
 NEVER_REPLAYING, NEVER = ID + "never-restored-replaying-an-epoch", ID + "never-restored"
+EARLIER = ID + "restored-to-an-earlier-state"
 
 
 @fires(NEVER)
@@ -351,6 +352,80 @@ def test_a_repeat_after_a_seeding_is_the_seeding():
     seed = restore("torch.manual_seed", "rng:cpu", at="train.py:40")
     d = eval_repeated([LOAD, SET_CPU, seed], files=[saved("torch.save", 3, 20)])
     assert d.rule == RESEEDED and "torch.manual_seed at train.py:40" in d.cause, d.text()
+
+
+# Restored to the state of an earlier point
+
+AT_SPLIT_CPU = point(rng={"cpu": "c3"})
+"""The uninterrupted run's snapshot at the split equals its record of step 3 (`c3`): like
+with like."""
+RESHUFFLED = [("randperm", "rng:cpu", "train.py:26", 2)]
+"""The resumed epoch's shuffle drawn again after the restore (log entry 1)."""
+
+
+def restored_to(cpu, base_point=AT_SPLIT_CPU, draws=RESHUFFLED):
+    """The CPU RNG restored (set_rng_state at train.py:30), then drawn from by `draws`; at the
+    resume point it holds `cpu`."""
+    res = point(rng={"cpu": cpu}, restores=2, draws=draws)
+    return diagnosis(base_point, res, [LOAD, SET_CPU])
+
+
+@fires(EARLIER)
+def test_a_stream_that_arrives_at_an_earlier_steps_state_was_restored_to_it():
+    """After its restore and the shuffle drawn again, the CPU RNG holds what the
+    uninterrupted run recorded at step 1 (its state at step 2's first forward)."""
+    d = restored_to("c1")
+    named(
+        d,
+        EARLIER,
+        "restored to an earlier state",
+        "the CPU RNG (torch's default generator) was restored (torch.set_rng_state at "
+        "train.py:30) and, after the draws that follow (randperm at train.py:26), holds the "
+        "uninterrupted run's state at the first forward of step 2 (after step 1), not the one "
+        "at the save (after step 3)",
+        "restore the CPU RNG (torch's default generator) to the state saved at the save "
+        "(torch.get_rng_state() / torch.set_rng_state())",
+    )
+    assert d.evidence["after_step"] == 1 and d.evidence["split"] == SPLIT
+
+
+@look_alike(EARLIER, wins=ADVANCED)
+@pytest.mark.parametrize(
+    ("cpu", "base_point"),
+    [("x", AT_SPLIT_CPU), ("c1", point())],
+    ids=["no-earlier-steps-state", "snapshot-unlike-its-split-record"],
+)
+def test_a_state_that_is_no_earlier_steps_record_like_with_like_was_advanced(cpu, base_point):
+    """The state reached equals no earlier step's record; or the uninterrupted run's own
+    snapshot (`c0`) is not its record of the split (`c3`), so the records are not taken where
+    the snapshots are and say nothing of an earlier point: restored, then advanced."""
+    d = restored_to(cpu, base_point)
+    assert d.rule == ADVANCED, d.text()
+    assert "advanced by 1 draw before the first resumed step" in d.cause
+
+
+@look_alike(EARLIER, wins=WRONG)
+def test_an_earlier_steps_state_with_no_draw_after_the_restore_was_restored_wrong():
+    """No draw after the restore: the saved state itself is an earlier one."""
+    d = restored_to("c1", draws=[("randperm", "rng:cpu", "train.py:26", 1)])
+    assert d.rule == WRONG, d.text()
+
+
+@look_alike(EARLIER, wins=REPEATED)
+def test_draws_that_repeat_the_uninterrupted_runs_before_its_save_are_a_repeat_first():
+    """The eval at the top of the iteration that saves, drawn again after the restore: the
+    stream also arrives at an earlier step's recorded state, but the repeated draws explain
+    it. Without the save's events nothing tells the repeat, and the earlier state is named."""
+    base = point(
+        rng={"cpu": "c3"},
+        checkpoint=EVAL_CKPT,
+        draws=[("randint", "rng:cpu", "train.py:61", 0, 10)] * 4,
+    )
+    draws = [("randint", "rng:cpu", "train.py:61", 2, 900)] * 4
+    res = point(rng={"cpu": "c1"}, checkpoint=EVAL_CKPT, restores=2, draws=draws)
+    d = diagnosis(base, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
+    assert d.rule == REPEATED, d.text()
+    assert diagnosis(base, res, [LOAD, SET_CPU]).rule == EARLIER
 
 
 # One stream is one stream whatever its name (issue 30, item 1)
