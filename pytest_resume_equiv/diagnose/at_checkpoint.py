@@ -86,6 +86,8 @@ def written_late(ev: Evidence) -> Optional[Finding]:
     was written later, or partly in a background thread then, after training had changed the
     tensors it holds."""
     for found in _writes(ev):
+        if _mid_window(ev, found["rank"]) and not found["behind"]:
+            continue  # written in the training thread inside the next step's window
         if found["writes"] and (not found["on_time"] or found["behind"]):
             writer, event = (found["behind"] or found["writes"])[0]
             return Finding(
@@ -156,26 +158,30 @@ def saved_mid_window(ev: Evidence) -> Optional[Finding]:
     save are not in it. How many micro-batches the first resumed step lost is read from the
     losses of each backward (automatic recording), where they show it."""
     for found in _writes(ev):
-        rank = found["rank"]
-        base, res = (
-            ev.base.get(rank, {}).get(ev.split + 1, {}),
-            ev.res.get(rank, {}).get(ev.split + 1, {}),
-        )
-        losses, kept = base.get(LOSS_KEY), res.get(LOSS_KEY)
-        if not found["mid_step"] or not isinstance(losses, list) or len(losses) < 2:
+        losses = _mid_window(ev, found["rank"])
+        if not found["mid_step"] or not losses:
             continue
         writer, event = found["mid_step"][-1]
+        kept = ev.res.get(found["rank"], {}).get(ev.split + 1, {}).get(LOSS_KEY)
         evidence = {"path": found["path"], "step": ev.split + 1, "micro_batches": len(losses)}
-        evidence["lost"] = lost_micro_batches(losses, kept)
-        return Finding(f"rank {rank}", {**evidence, **_event(writer, event)}, "window")
+        evidence.update(lost=lost_micro_batches(losses, kept), again=bool(found["on_time"]))
+        return Finding(f"rank {found['rank']}", {**evidence, **_event(writer, event)}, "window")
     return None
+
+
+def _mid_window(ev: Evidence, rank: int) -> list:
+    """The losses of the uninterrupted run's step after the split, one per backward, when it
+    accumulated several micro-batches (a window a save can fall inside); [] otherwise."""
+    losses = ev.base.get(rank, {}).get(ev.split + 1, {}).get(LOSS_KEY)
+    return losses if isinstance(losses, list) and len(losses) > 1 else []
 
 
 def _mid_window_words(f: Finding) -> str:
     n = f["lost"]
     lost = f" ({n} micro-batch{'es' * (n != 1)})" if n else ""
     return (
-        f"the checkpoint at {f['path']} was written again after the uninterrupted run began "
+        f"the checkpoint at {f['path']} was written{' again' * f['again']} after the "
+        "uninterrupted run began "
         f"step {f['step']} (rank {f['writer']}: {f['write']}, before that step's optimizer "
         f"step), in the middle of its accumulation window of {f['micro_batches']} "
         f"micro-batches: the accumulated gradients of the micro-batches before the save{lost} "

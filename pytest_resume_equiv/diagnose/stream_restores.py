@@ -167,7 +167,7 @@ def earlier_state(s: Subject) -> Optional[Finding]:
         return None
     key, steps = s.keys[0], s.ev.base.get(s.rank, {})
     value, own = point_value(s.res, key), steps.get(s.ev.split, {}).get(key)
-    if own is None or point_value(s.base, key) != own:
+    if value is None or own is None or point_value(s.base, key) != own:
         return None
     earlier = [
         k for k, values in sorted(steps.items()) if k < s.ev.split and values.get(key) == value

@@ -255,3 +255,20 @@ def test_a_write_during_a_step_of_one_micro_batch_is_no_accumulation_window():
     d = mid_window([AT_SPLIT, MID_STEP], base_values=one, first_losses=(9.0,))
     assert d.rule == "held.computed-differently", d.text()
     assert d.bug_class != "gradient accumulation"
+
+
+@fires(MID_WINDOW)
+@look_alike(LATE, wins=MID_WINDOW)
+def test_a_checkpoint_written_only_inside_the_next_steps_window_was_saved_mid_window():
+    """One save, in the training thread, after the next step's first micro-batch: not on disk
+    when the uninterrupted run went on, but no optimizer step changed the tensors in between,
+    so not a torn checkpoint: the accumulated gradients are what it lacks."""
+    d = mid_window([MID_STEP])
+    named(
+        d,
+        MID_WINDOW,
+        "gradient accumulation",
+        "was written after the uninterrupted run began step 4",
+        "or save the accumulated gradients with the checkpoint and restore them",
+    )
+    assert "written again" not in d.cause and "changed the tensors" not in d.cause

@@ -734,3 +734,21 @@ def test_a_latent_stream_never_leads_the_cause():
     assert "the generator created at dit_train.py:96 #0 was never restored" in d.text()
     assert "CPU RNG" not in d.text()
     assert d.rule == NEVER
+
+
+@look_alike(EARLIER, wins=WRONG)
+def test_a_stream_the_resumed_run_does_not_hold_at_its_resume_point_matches_no_earlier_step():
+    """Neither run recorded the generator at step 1: a missing value is no state, so it equals
+    no earlier step's, and the stream is no earlier state."""
+    d = diagnosis(
+        point(rng={GEN: "g3"}),
+        point(restores=2, draws=[("randn", GEN_KEY, "train.py:60", 2)]),
+        [LOAD, restore("Generator.set_state", GEN_KEY)],
+        base_values=lambda s: {
+            "loss": s / 2,
+            "rng:cpu": f"c{s}",
+            **({GEN_KEY: f"g{s}"} if s > 1 else {}),
+        },
+        res_values=lambda s: {"loss": s / 3, "rng:cpu": f"c{s}", GEN_KEY: f"x{s}"},
+    )
+    assert d.rule != EARLIER, d.text()
