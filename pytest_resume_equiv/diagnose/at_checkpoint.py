@@ -86,7 +86,8 @@ def written_late(ev: Evidence) -> Optional[Finding]:
     was written later, or partly in a background thread then, after training had changed the
     tensors it holds."""
     for found in _writes(ev):
-        if _mid_window(ev, found["rank"]) and not found["behind"]:
+        late = [w for w in found["writes"] if w not in found["on_time"]]
+        if late and late == found["mid_step"] and _mid_window(ev, found["rank"]):
             continue  # written in the training thread inside the next step's window
         if found["writes"] and (not found["on_time"] or found["behind"]):
             writer, event = (found["behind"] or found["writes"])[0]

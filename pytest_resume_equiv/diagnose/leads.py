@@ -26,8 +26,7 @@ from .rules import Diagnosis, Finding, Note, Rule, Stage
 
 def data_replayed(ev: Evidence) -> Optional[Finding]:
     """The resumed steps consumed, in order, the batches of steps before the split: a stream
-    restored from the saved state (or one re-derived from it when an iterator starts) draws
-    no earlier part of the data again, so the replay is the data position's (the resumed
+    restored from the saved state draws no earlier part of the data again, so the replay is the data position's (the resumed
     epoch started over, its batches not skipped: HF Trainer's --ignore_data_skip), and it
     leads; the stream is a second finding."""
     item = content_account(ev)
@@ -165,7 +164,7 @@ RULES = (
         DATA_ORDER,
         data_replayed,
         order_words,
-        over=(RESTORED_THEN_ADVANCED, rng_before_iterator("cpu")),
+        over=(RESTORED_THEN_ADVANCED,),
     ),
     Rule(
         "lead.epoch-not-skipped",

@@ -146,7 +146,7 @@ CASES = [
         "scaler",
         "likely cause (watched state)",
         "'grad_scaler' differs",
-        "Fix: save its state_dict() after the step that ends at the split",
+        "state_dict() after the step that ends at the split and load it back",
     ),
     zoo(
         "14-ema",
@@ -201,7 +201,7 @@ CASES = [
         "torn",
         "likely cause (torn checkpoint)",
         "was not on disk when the uninterrupted run went on past step 3",
-        "Fix: finish the save (or copy the state it writes) before the next step",
+        "Fix: copy the state when the save starts",
         every_launch=True,
     ),
     zoo(

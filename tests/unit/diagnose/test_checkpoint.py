@@ -272,3 +272,12 @@ def test_a_checkpoint_written_only_inside_the_next_steps_window_was_saved_mid_wi
         "or save the accumulated gradients with the checkpoint and restore them",
     )
     assert "written again" not in d.cause and "changed the tensors" not in d.cause
+
+
+@look_alike(MID_WINDOW, wins=LATE)
+def test_a_checkpoint_first_written_after_the_next_optimizer_step_is_late_not_mid_window():
+    """Steps of two micro-batches, one save, made after step 4's optimizer step: the tensors
+    changed before it was written (the bug zoo's torn checkpoint), not a window cut short."""
+    d = mid_window([saved("torch.save", 4, 300)])
+    assert d.rule == LATE, d.text()
+    assert "was not on disk when the uninterrupted run went on past step 3" in d.cause
