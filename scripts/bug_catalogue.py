@@ -57,7 +57,9 @@ def clean(section: str, work: str) -> str:
         if not skip:
             keep.append(line.replace(work, "..."))
     text = "\n".join(keep).strip()
-    return re.sub(r"/tmp/\S*?/(resume-equiv-)", r".../\1", text)
+    text = re.sub(r"/tmp/\S*?/(resume-equiv-)", r".../\1", text)
+    # kept run directories: one folder per session, named by its time and pid
+    return re.sub(r"\.resume-equiv/runs/\d{8}-\d{6}-\d+/", ".resume-equiv/runs/<session>/", text)
 
 
 def main() -> None:
