@@ -90,17 +90,17 @@ def written_late(ev: Evidence) -> Optional[Finding]:
         if late and late == found["mid_step"] and _mid_window(ev, found["rank"]):
             continue  # written in the training thread inside the next step's window
         if found["writes"] and (not found["on_time"] or found["behind"]):
-            writer, event = (found["behind"] or found["writes"])[0]
-            return Finding(
-                f"rank {found['rank']}",
-                {
-                    "path": found["path"],
-                    "split": ev.split,
-                    "restored_step": _restored_step(ev, found["rank"]),
-                    **_event(writer, event),
-                },
-            )
+            return _write_found(ev, found, (found["behind"] or found["writes"])[0])
     return None
+
+
+def _write_found(ev: Evidence, found: dict, write: tuple, variant: str = "") -> Finding:
+    """A finding about one write of the saving run (`write`: its rank and its file event) to
+    the checkpoint `found` names."""
+    writer, event = write
+    evidence = {"path": found["path"], "split": ev.split}
+    evidence["restored_step"] = _restored_step(ev, found["rank"])
+    return Finding(f"rank {found['rank']}", {**evidence, **_event(writer, event)}, variant)
 
 
 def _state_words(f: Finding) -> str:
@@ -128,17 +128,7 @@ def rewritten(ev: Evidence) -> Optional[Finding]:
     split, before the resumed run loaded it: a later save to the same path (a rolling path)."""
     for found in _writes(ev):
         if found["again"]:
-            writer, event = found["again"][0]
-            return Finding(
-                f"rank {found['rank']}",
-                {
-                    "path": found["path"],
-                    "split": ev.split,
-                    "restored_step": _restored_step(ev, found["rank"]),
-                    **_event(writer, event),
-                },
-                variant="rolling",
-            )
+            return _write_found(ev, found, found["again"][0], "rolling")
     return None
 
 
