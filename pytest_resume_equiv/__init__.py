@@ -25,6 +25,7 @@ __version__ = "0.2.0"
 __all__ = [
     "RunContext",
     "context",
+    "equivalent",
     "record",
     "resume_equivalent",
     "resume_point",
@@ -36,8 +37,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # `resume_equivalent` is pytest's marker; resolved lazily so ranks never import pytest.
-    if name == "resume_equivalent":
+    if name in ("resume_equivalent", "equivalent"):
         import pytest
 
-        return pytest.mark.resume_equivalent
+        return getattr(pytest.mark, name)
     raise AttributeError(f"module 'pytest_resume_equiv' has no attribute {name!r}")

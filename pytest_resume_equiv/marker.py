@@ -19,6 +19,35 @@ NOISE = ("auto", "measure", "off")
 
 
 @dataclass(frozen=True)
+class Configuration:
+    """One way to run the same training: ranks per node, nodes, arguments appended to the
+    command, environment merged over the marker's."""
+
+    nproc: int
+    nnodes: int = 1
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        world = f"{self.nproc} rank{'s' * (self.nproc != 1)}" + (
+            f" x {self.nnodes} nodes" if self.nnodes > 1 else ""
+        )
+        args = f", args {' '.join(self.args)}" if self.args else ""
+        env = f", env {dict(self.env)}" if self.env else ""
+        return world + args + env
+
+
+@dataclass(frozen=True)
+class Configurations:
+    """What one item of an equivalence test compares: the baseline and its variant."""
+
+    baseline: Configuration
+    name: str
+    """The variant's name, the item's id (`test_x[dp2]`)."""
+    variant: Configuration
+
+
+@dataclass(frozen=True)
 class MarkerSpec:
     steps: int
     splits: tuple[int, ...]
@@ -51,6 +80,9 @@ class MarkerSpec:
     auto: Optional[bool] = None
     """Automatic recording (False: only the trainer's explicit calls are recorded); None:
     not given on the marker (the session option decides)."""
+    configurations: Optional[Configurations] = None
+    """An equivalence test (`@equivalent`): the baseline and the variant its item compares;
+    no splits then."""
 
     @property
     def world_size(self) -> int:

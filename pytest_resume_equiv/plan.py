@@ -172,6 +172,7 @@ class Planner:
             "nproc": marker.resumed_nproc if resumed else marker.nproc,
             "world_size": marker.resumed_world_size if resumed else marker.world_size,
             "seed": self.request.seed,
+            "variant": marker.configurations.name if marker.configurations else "",
         }
 
     def checkpoint_of(self, values: Mapping[str, Any]) -> str:

@@ -20,6 +20,9 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from .configurations import MARKER as EQUIVALENT
+from .configurations import MARKER_DOC as EQUIVALENT_DOC
+from .configurations import variant_names
 from .fixtures import ResumeEquiv, RunRoot, Torchrun
 from .launch.devices import ACCELERATORS, Device, DeviceUnavailable, HostProbe, select_device
 from .launch.forked import ForkServer
@@ -38,6 +41,9 @@ MARKER_DOC = (
     "the same values at every step after it. See pytest-resume-equiv's docs/reference/marker.md."
 )
 """The `pytest --markers` line; names every keyword, like the marker reference."""
+
+VARIANT = "_resume_equiv_variant"
+"""The parameter an `@equivalent` test's items carry: the variant each compares."""
 
 SESSION_KEY = pytest.StashKey[ResumeEquivSession]()
 TEST_KEY = pytest.StashKey[tuple[TestSettings, Device]]()
@@ -65,8 +71,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(option.ini, option.help, default=None)
 
 
+def _marker(node: Any) -> Optional[pytest.Mark]:
+    """The node's `@resume_equivalent` or `@equivalent` marker."""
+    return node.get_closest_marker(MARKER) or node.get_closest_marker(EQUIVALENT)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """An `@equivalent` test is one item per variant (`test_x[dp2]`); a marker whose
+    variants are no dict gives one item, which fails with the marker's error."""
+    marker = metafunc.definition.get_closest_marker(EQUIVALENT)
+    if marker is None or VARIANT not in metafunc.fixturenames:
+        return
+    names = variant_names(marker.kwargs) or ["?"]
+    metafunc.parametrize(VARIANT, names, ids=names, indirect=True)
+
+
+@pytest.fixture
+def _resume_equiv_variant(request: pytest.FixtureRequest) -> Optional[str]:
+    """The variant an `@equivalent` item compares (None for a resume test)."""
+    return getattr(request, "param", None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
+    config.addinivalue_line("markers", EQUIVALENT_DOC)
     config.stash[SESSION_KEY] = ResumeEquivSession(config)
     config.pluginmanager.register(_Reporter(config), "resume-equiv-reporter")
 
@@ -137,7 +165,7 @@ def _prestart_fork_server(session: pytest.Session) -> None:
         return
     if not settings.launcher.can_fork:
         return
-    if any(item.get_closest_marker(MARKER) is not None for item in session.items):
+    if any(_marker(item) is not None for item in session.items):
         ForkServer.prestart(settings["preload"])
 
 
@@ -148,7 +176,7 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 def _collected(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Resume tests collected, selected or not: the goldens they use are not unused."""
-    found = {item.nodeid for item in items if item.get_closest_marker(MARKER) is not None}
+    found = {item.nodeid for item in items if _marker(item) is not None}
     _session(config).collected |= found
 
 
@@ -249,12 +277,16 @@ def _device(requested: str, require: bool, devices: int, why: str = "") -> Devic
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    marker = item.get_closest_marker(MARKER)
+    marker = _marker(item)
     if marker is None:
         return
+    callspec = getattr(item, "callspec", None)
+    variant = callspec.params.get(VARIANT) if callspec is not None else None
+    if marker.name == EQUIVALENT and variant is None:
+        variant = "?"  # a test that does not take the resume_equiv fixture
     try:
         settings, problem = (
-            resolve_test(_session(item.config).settings, marker.args, marker.kwargs),
+            resolve_test(_session(item.config).settings, marker.args, marker.kwargs, variant),
             "",
         )
     except SettingError as exc:
@@ -291,13 +323,17 @@ def _run_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 @pytest.fixture
 def resume_equiv(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    _resume_equiv_variant: Optional[str],
 ) -> Generator[ResumeEquiv, None, None]:
-    """Orchestrates a test marked @resume_equivalent: call `resume_equiv.run(command_or_fn)`."""
+    """Orchestrates a test marked @resume_equivalent (or @equivalent): call
+    `resume_equiv.run(command_or_fn)`."""
     node = request.node
-    if node.get_closest_marker(MARKER) is None:
+    if _marker(node) is None:
         pytest.fail(
-            "the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test",
+            "the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) or "
+            "@equivalent(steps=..., variants=...) on the test",
             pytrace=False,
         )
     session = _session(request.config)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .compare.tolerance import PROFILES, Tolerance, parse_tolerance_option
+from .configurations import parse_equivalent
 from .errors import SettingError
 from .launch.spec import LAUNCHERS, Launcher, launcher_named
 from .marker import NOISE, MarkerSpec, parse_marker, parse_timeout
@@ -418,21 +419,28 @@ class TestSettings:
 
 
 def resolve_test(
-    session: SessionSettings, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    session: SessionSettings,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    variant: Optional[str] = None,
 ) -> TestSettings:
-    """The effective settings of a test marked `@resume_equivalent(*args, **kwargs)`.
+    """The effective settings of a test marked `@resume_equivalent(*args, **kwargs)`, or,
+    with `variant` (the item's), `@equivalent(**kwargs)`.
 
     Raises SettingError for an invalid session option (it concerns every marked test) or an
     invalid marker argument (only this test).
     """
     if session.error:
         raise SettingError(f"pytest-resume-equiv: {session.error}")
-    marker = parse_marker(args, kwargs)
+    marker = (
+        parse_marker(args, kwargs) if variant is None else parse_equivalent(args, kwargs, variant)
+    )
     options = dict(session.values)
+    which = "resume_equivalent" if variant is None else "equivalent"
     for name in MARKER_OPTIONS:
         value = getattr(marker, name)
         if value is not None:
-            options[name] = Resolved(value, f"marker @resume_equivalent({name}=...)")
+            options[name] = Resolved(value, f"marker @{which}({name}=...)")
     values = {name: resolved.value for name, resolved in options.items()}
     values["launcher"] = session.launcher  # no marker keyword changes it
     del values["slurm_args"]

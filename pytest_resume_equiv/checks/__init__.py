@@ -20,6 +20,7 @@ from .compat import Compat, golden_only
 from .control import Control
 from .crash import Crash
 from .direct import Direct
+from .equivalent import Equivalent
 from .golden import GoldenTrajectory
 from .other_topology import OtherTopology
 from .repeat import Repeat
@@ -37,6 +38,7 @@ CHECKS: tuple[type[Check], ...] = (
     Repeat,
     GoldenTrajectory,
     Compat,
+    Equivalent,
 )
 
 __all__ = ["CHECKS", "Check", "Judging", "Outcome", "Plan", "Verdict", "build_plan", "kind_of"]
@@ -56,6 +58,8 @@ def build_plan(
     planner = Planner(settings, request, device, root, shared_root, golden)
     checks: list[Check] = []
     kinds = (Compat,) if golden_only(planner) else CHECKS  # the stored checkpoints alone
+    if planner.marker.configurations is not None:  # an equivalence test: nothing resumes
+        kinds = (Equivalent,)
     for kind in kinds:
         checks += kind.plan(planner)
     return Plan(planner.ordered(), checks, planner.warnings)

@@ -70,6 +70,12 @@ class LaunchContext:
     """Automatic recording (rank/auto.py): a step line per optimizer step with no `record`
     call, and the loss, data, optimizers and schedulers beside the explicit values. False:
     only the trainer's explicit calls are recorded."""
+    variant: str = ""
+    """An equivalence test (`@equivalent`): the variant this launch runs ("" for the
+    baseline, and in resume tests)."""
+    args: tuple[str, ...] = ()
+    """An equivalence test: the configuration's arguments, which command mode appends to the
+    command and function mode reads here (`ctx.args`)."""
 
     @property
     def resuming(self) -> bool:
@@ -108,4 +114,5 @@ class LaunchContext:
         data = {k: v for k, v in data.items() if k in names}
         for name in ("splits", "save_at"):
             data[name] = tuple(int(s) for s in data.get(name, ()))
+        data["args"] = tuple(str(a) for a in data.get("args", ()))
         return LaunchContext(**data)

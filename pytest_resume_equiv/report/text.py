@@ -34,10 +34,12 @@ def format_outcome(outcome: Outcome, kept: str) -> str:
         lines.append(f"recorded automatically: {', '.join(outcome.automatic)}")
     first = resumes[0]
     lines.append(f"run directories ({kept}):")
-    for role in ("uninterrupted", "resumed"):  # a golden-only run has no uninterrupted one
+    # a golden-only run has no uninterrupted one; an equivalence test runs configurations
+    for role in ("uninterrupted", "resumed", "baseline", "variant"):
         if first.runs.get(role):
             lines.append(f"  {role + ':':<14} {first.runs[role]}")
-    lines.append(f"rerun the resumed launch by hand:\n  {first.rerun}")
+    judged = "variant" if first.runs.get("variant") else "resumed"
+    lines.append(f"rerun the {judged} launch by hand:\n  {first.rerun}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from pytest_resume_equiv.checks.crash import CrashTable
 from pytest_resume_equiv.compare import facts
 from pytest_resume_equiv.compare.accounting import DataAccount
 from pytest_resume_equiv.compare.comparators import DataFacts
+from pytest_resume_equiv.compare.configurations import ConfigurationFacts, Difference
 from pytest_resume_equiv.compare.diff import Comparison, Divergence
 from pytest_resume_equiv.compare.envelope import Envelope, TopologyFacts
 from pytest_resume_equiv.compare.gate import GateFacts
@@ -62,6 +63,14 @@ PREFLIGHT = PreflightFacts(["cudnn.benchmark is True"], ["TF32 matmuls are allow
 LOADED = LoadedStep(3, {"0": 5}, {"0": {"optimizer": 5}})
 CRASH = CrashTable(3, [Row("before-rename", "rename ckpt", "ckpt-3 (part)", 2, "exact", "ok")])
 DATA = DataFacts([ACCOUNT])
+CONFIGURATIONS = ConfigurationFacts(
+    "1 rank",
+    "dp2 (2 ranks)",
+    4,
+    [Difference("loss", 1, 0.5, 1.0, 0.5, 2.4e-7), Difference("samples consumed", 2, "8", "8")],
+    1e-8,
+    "auto:data",
+)
 COMPARISON = Comparison(
     3,
     6,
@@ -84,7 +93,7 @@ VERDICT = Verdict(
     "",
     COMPARISON,
     Diagnosis("it was not restored", "cpu RNG", ["a note"]),
-    [PREFLIGHT, CRASH, LOADED],
+    [PREFLIGHT, CRASH, LOADED, CONFIGURATIONS],
     primary=True,
     link=2,
     launch="resumed-split3",
@@ -176,6 +185,7 @@ def test_every_fact_kind_is_covered_and_comes_back_as_its_own_class():
         PreflightFacts,
         CrashTable,
         LoadedStep,
+        ConfigurationFacts,
     ]
     assert sorted(f.kind for f in found) == sorted(facts._KINDS)
     assert again == VERDICT
@@ -200,7 +210,16 @@ def test_the_json_report_keys_of_a_verdict_with_a_comparison_a_diagnosis_and_fac
     assert resume["topology"] == TOPOLOGY.lines()
     assert resume["data"] == [ACCOUNT.text()]
     kinds = [f["kind"] for f in resume["comparison"]["facts"] + resume["facts"]]
-    assert kinds == ["topology", "data", "noise", "gate", "preflight", "crash_table", "loaded_step"]
+    assert kinds == [
+        "topology",
+        "data",
+        "noise",
+        "gate",
+        "preflight",
+        "crash_table",
+        "loaded_step",
+        "configurations",
+    ]
     assert resume["comparison"]["facts"][1]["text"] == [ACCOUNT.text()]
     assert run["teeth"] == {"status": "skipped", "why": "nothing random"}
     assert (data["launches"], data["reused_launches"], data["wall_seconds"]) == (1, 0, 3.25)
