@@ -28,6 +28,7 @@ from typing import Optional
 from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
 from .compare.comparators import comparator_for
+from .compare.configurations import compare_configurations
 from .compare.tolerance import ComparisonRules, ToleranceRule
 from .doctor import cli as doctor
 from .rank.layout import is_audit_key
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATTERN",
         help="leave audited keys or fields matching PATTERN out (repeat for several); "
         "replaces the test's ignore=",
+    )
+    compare.add_argument(
+        "--configurations",
+        action="store_true",
+        help="the two runs are two configurations of one training (an @equivalent test's "
+        "baseline and variant, any numbers of ranks): compare every optimizer step over the "
+        "global batch",
     )
     show = sub.add_parser("show", help="print what every rank of a run recorded")
     show.add_argument("run", help="a run directory (it holds signatures/rank-*.jsonl)")
@@ -114,6 +122,11 @@ def _last_step(run: dict[int, Signature]) -> int:
 def compare(args: argparse.Namespace) -> int:
     base = read_run(args.uninterrupted)
     res = read_run(args.resumed)
+    if args.configurations:
+        names = (args.uninterrupted, args.resumed)
+        found = compare_configurations(base, res, args.steps or _last_step(base), names)
+        print("\n".join(found.lines("compare")))
+        return EQUAL if found.equal else DIVERGED
     try:
         kept: Optional[Judgement] = read_judgement(args.resumed)
     except JudgementError as exc:

@@ -114,6 +114,10 @@ def compare_configurations(
         found.steps = step
         _exact(found, step, a[step], b[step])
         _round_off(found, step, a[step], b[step])
+    if not any(a[s].samples or a[s].numbers or a[s].exact for s in a):
+        found.differences.append(
+            Difference("nothing recorded to compare", 1, "no samples, loss or parameters", "")
+        )
     firsts: dict[str, Difference] = {}
     for difference in found.differences:  # one line per quantity: its first difference
         firsts.setdefault(difference.what, difference)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import CPU, section_of
 
+from pytest_resume_equiv.__main__ import main
+
 ZOO = Path(__file__).parent.parent / "zoo" / "batchzoo.py"
 TESTS = """
 from pytest_resume_equiv import equivalent
@@ -57,7 +59,7 @@ BUGS = {
 
 
 @pytest.mark.long(60)
-def test_configurations_that_train_the_same_model_pass_and_batching_bugs_fail(pytester):
+def test_configurations_that_train_the_same_model_pass_and_batching_bugs_fail(pytester, capsys):
     shutil.copy(ZOO, pytester.path / ZOO.name)
     pytester.makepyfile(test_configs=TESTS)
     report = pytester.path / "report.json"
@@ -86,3 +88,7 @@ def test_configurations_that_train_the_same_model_pass_and_batching_bugs_fail(py
     }
     assert {n for n, v in verdicts.items() if v["status"] == "passed"} == set(CONTROLS)
     assert verdicts["b36"]["facts"][0]["differences"][0]["what"] == "watch:lr_scheduler.last_epoch"
+    # the offline compare of the two run directories says what the test said
+    runs = verdicts["b34"]["runs"]
+    assert main(["compare", "--configurations", runs["baseline"], runs["variant"]]) == 1
+    assert "step 1: loss: baseline" in capsys.readouterr().out

@@ -147,3 +147,16 @@ def test_crash_examples(pytester):
         ("test_deleting_the_previous_checkpoint_first_is_caught", "lost the completed checkpoint"),
     ]:
         assert phrase in section_of(text, name), name
+
+
+@pytest.mark.long(45)
+def test_equivalent_example(pytester):
+    """Two batchings of one training that equal its baseline, and the bug that does not."""
+    shutil.copytree(EXAMPLES / "equivalent", pytester.path / "equivalent")
+    result = pytester.runpytest_subprocess(*CPU, "-rP", "equivalent")
+    result.assert_outcomes(passed=3)
+    text = result.stdout.str()
+    for name in ("accum4", "dp2_accum2"):
+        assert f"variant {name}: {name} (" in text and "equal over 4 steps" in text
+    assert "step 1: loss: baseline" in text and "(relative 0.5, round-off bound" in text
+    assert "pytest_resume_equiv" not in (EXAMPLES / "equivalent" / "train.py").read_text()

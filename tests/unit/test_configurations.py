@@ -37,6 +37,7 @@ def test_each_variant_is_an_item_compared_with_the_baseline():
         ({"steps": 4, "variants": {"a": dict(ranks=2)}}, "unknown key 'ranks'"),
         ({"steps": 4, "variants": {"a": {}}}, "equals the baseline: nothing to compare"),
         ({"steps": 4, "variants": VARIANTS, "timeout": -1}, "@equivalent: invalid timeout=-1"),
+        ({"steps": 4, "variants": VARIANTS, "tolerance": "cpu"}, "unknown keyword 'tolerance'"),
     ],
 )
 def test_a_bad_marker_names_the_keyword_and_the_value(kwargs, says):
@@ -178,3 +179,9 @@ def test_sharded_statistics_are_combined_and_replicated_ones_taken_once():
 def test_a_step_the_variant_never_recorded_is_named():
     found = compare_configurations(BASE, {0: sig(0, 1, {1: step_values([0.5], [1, 2, 3, 4])})}, 2)
     assert [(d.step, d.what) for d in found.differences] == [(2, "the step's records")]
+
+
+def test_runs_that_recorded_nothing_to_compare_are_no_equal_pair():
+    empty = {0: sig(0, 1, {1: {"note": 1}})}
+    found = compare_configurations(empty, empty, 1)
+    assert [d.what for d in found.differences] == ["nothing recorded to compare"]

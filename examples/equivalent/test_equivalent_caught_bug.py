@@ -1,0 +1,25 @@
+"""What a caught batching bug looks like: accumulation over 2 micro-batches without dividing
+each micro-batch's loss by 2. The report names the first quantity that differs (the step's
+loss, twice the baseline's), beyond round-off."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_resume_equiv import equivalent
+
+TRAIN = str(Path(__file__).with_name("train.py"))
+
+
+@equivalent(
+    steps=4,
+    baseline=dict(nproc=1),
+    variants={"accum2_unscaled": dict(nproc=1, args=["--accum", "2", "--bug", "no-accum-scale"])},
+)
+def test_unscaled_accumulation_is_caught(resume_equiv):
+    with pytest.raises(pytest.fail.Exception) as caught:
+        resume_equiv.run([TRAIN, "--steps", "{steps}"])
+    report = str(caught.value)
+    print(report)  # shown with -rP
+    assert "the variant does not train the same model as the baseline" in report
+    assert "step 1: loss: baseline" in report
