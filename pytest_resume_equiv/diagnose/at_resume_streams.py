@@ -94,7 +94,8 @@ def drawn_after_the_save(s: Subject) -> Optional[Finding]:
     base_point = to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
     after_save = draws_on(base_point, s.name, since_ns=saved_at)
     made = draws_on(s.res, s.name, s.last_restore)
-    missing = after_save - made
+    # draws the resumed run made at all, even before its restore (restored too late)
+    missing = after_save - draws_on(s.res, s.name)
     if not missing or made - after_save:
         return None
     restore = s.restores[-1]
@@ -201,7 +202,11 @@ RULES = (
         DRAWN_AFTER_THE_SAVE,
         drawn_after_the_save,
         _after_save_words,
-        after=(ID + "restored-then-advanced", ID + "restored-to-an-earlier-state"),
+        after=(
+            ID + "restored-then-advanced",
+            ID + "restored-to-an-earlier-state",
+            ID + "restored-too-late",
+        ),
     ),
     Rule(
         ID + "restored-wrong",

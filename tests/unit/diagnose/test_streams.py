@@ -796,3 +796,17 @@ def test_draws_of_the_resumed_runs_own_after_the_restore_are_an_advance_first():
     )
     d = diagnosis(EVAL_AFTER_SAVE, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
     assert d.rule == ADVANCED, d.text()
+
+
+@look_alike(AFTER_SAVE, wins=TOO_LATE)
+def test_the_draws_after_the_save_made_before_the_restore_are_a_restore_too_late():
+    """The resumed run makes the uninterrupted run's after-save draw too, but before its
+    restore (a batch fetched, then the RNG restored): too late, not skipped."""
+    res = point(
+        rng={"cpu": "x"},
+        checkpoint=EVAL_CKPT,
+        restores=2,
+        draws=[("random_", "rng:cpu", "data_loader.py:572", 1, 900)],
+    )
+    d = diagnosis(EVAL_AFTER_SAVE, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
+    assert d.rule == TOO_LATE, d.text()
