@@ -7,13 +7,14 @@ from typing import Optional
 
 from ..rank.layout import GENERATOR, parent_stream, stream_kind
 from .classes import (
+    DRAWN_AFTER_THE_SAVE,
     NEVER_RESTORED,
     REPLAYED_EPOCH,
     RESTORED_FROM_ANOTHER_RANK,
     RESTORED_WRONG,
     rng_before_iterator,
 )
-from .draws import shuffles_data
+from .draws import draws_on, shuffles_data, to_forward
 from .replay import replayed_epoch
 from .rules import Finding, Rule, Stage
 from .stream_restores import RESTORE_RULES
@@ -78,6 +79,39 @@ def _derived_words(f: Finding) -> str:
         + f"{stream_words(f['stream'])} differs at the resume point; it is seeded from "
         f"{f['parent']} when an iterator starts{started}, so {f['parent']} was not the "
         f"uninterrupted run's state there, {now}"
+    )
+
+
+def drawn_after_the_save(s: Subject) -> Optional[Finding]:
+    """Restored, and the resumed run draws nothing the uninterrupted run does not, but the
+    uninterrupted run drew from the stream after it wrote the checkpoint and before its next
+    step (an evaluation, a loader started at the epoch's end): code the resumed run does not
+    run there. The restore was right; the two runs hold different states at the resume
+    point because of that code (read from the saving run's file events)."""
+    saved_at = s.ev.saved_at(s.rank)
+    if not s.restores or not saved_at:
+        return None
+    base_point = to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
+    after_save = draws_on(base_point, s.name, since_ns=saved_at)
+    made = draws_on(s.res, s.name, s.last_restore)
+    # draws the resumed run made at all, even before its restore (restored too late)
+    missing = after_save - draws_on(s.res, s.name)
+    if not missing or made - after_save:
+        return None
+    restore = s.restores[-1]
+    ops = [[op, at, n] for (op, at), n in list(missing.items())[:3]]
+    evidence = {"stream": s.name, "restore": restore["call"], "restored_at": restore["at"]}
+    return Finding(s.where(), {**evidence, "ops": ops, "draws": sum(missing.values())})
+
+
+def _after_save_words(f: Finding) -> str:
+    ops = ", ".join(f"{op} at {at}" + (f" ({n} times)" if n > 1 else "") for op, at, n in f["ops"])
+    return (
+        f"{stream_words(f['stream'])} was restored ({f['restore']} at {f['restored_at']}), and "
+        f"the resumed run makes no draw the uninterrupted run does not, but the uninterrupted "
+        f"run drew from it after it wrote the checkpoint and before its next step ({ops}), in "
+        "code the resumed run does not run there (an evaluation, a loader started at the "
+        "epoch's end): the restore was right, that code moved the stream"
     )
 
 
@@ -161,6 +195,18 @@ RULES = (
         never_restored,
         _never_words,
         (NEVER_REPLAYING,),
+    ),
+    Rule(
+        ID + "drawn-after-the-save",
+        STAGE,
+        DRAWN_AFTER_THE_SAVE,
+        drawn_after_the_save,
+        _after_save_words,
+        after=(
+            ID + "restored-then-advanced",
+            ID + "restored-to-an-earlier-state",
+            ID + "restored-too-late",
+        ),
     ),
     Rule(
         ID + "restored-wrong",

@@ -17,6 +17,7 @@ from .classes import (
     DATA_ORDER,
     DATALOADER_WORKERS,
     DEVICE_RNG,
+    DRAWN_AFTER_THE_SAVE,
     FRESH_PROCESS,
     GRADIENT_ACCUMULATION,
     LEFT_IN_THE_WRONG_MODE,
@@ -99,6 +100,12 @@ CLASSES: dict[str, BugClass] = {
                 "not per process, skip exactly those on any number of ranks, and restore the "
                 "loader's epoch and shuffling generator before iterating",
             },
+        ),
+        BugClass(
+            DRAWN_AFTER_THE_SAVE,
+            "give that code a generator of its own (an evaluation DataLoader: "
+            "DataLoader(generator=g)), so the training's stream does not depend on it, or "
+            "write the checkpoint after it has run",
         ),
         BugClass(
             DEVICE_RNG,

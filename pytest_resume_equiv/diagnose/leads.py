@@ -193,6 +193,14 @@ def inputs_effect(ev: Evidence, found: Diagnosis) -> str:
     if not any(CONTENT_KEY in keys for keys in ev.differing.values()):
         return ""
     item = content_account(ev)
+    short = _inputs_short(ev)
+    if item is not None and item.key == BATCH_KEY and item.exact and short:
+        step, n = short
+        return (
+            f"the model was given {n} input{'s' * (n > 1)} fewer at step {step} than in the "
+            f"uninterrupted run ({CONTENT_KEY}: a micro-batch not run), while the batches "
+            f"recorded from the DataLoader ({BATCH_KEY}) match: an effect of the cause above"
+        )
     if item is not None and item.key == BATCH_KEY and item.exact:
         return (
             f"the batches the DataLoader yielded ({BATCH_KEY}) are the uninterrupted run's at "
@@ -208,6 +216,19 @@ def inputs_effect(ev: Evidence, found: Diagnosis) -> str:
         f"step {item.unknown_steps[0]} on: other samples, or the same samples transformed "
         "otherwise; either may be an effect of the cause above where they draw from it"
     )
+
+
+def _inputs_short(ev: Evidence) -> Optional[tuple[int, int]]:
+    """The first resumed step at which the model was given fewer inputs (rows, over every
+    rank) than in the uninterrupted run, and how many fewer."""
+    for step in sorted({s for steps in ev.res.values() for s in steps if s > ev.split}):
+        counts = [
+            sum(len(ids_of(runs[r].get(step, {}).get(CONTENT_KEY)) or []) for r in runs)
+            for runs in (ev.base, ev.res)
+        ]
+        if counts[1] < counts[0]:
+            return step, counts[0] - counts[1]
+    return None
 
 
 def only_other_ranks(ev: Evidence, found: Diagnosis) -> str:

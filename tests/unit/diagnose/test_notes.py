@@ -138,3 +138,20 @@ def test_values_that_differ_on_other_ranks_only_point_at_state_saved_from_rank_0
 
 def test_values_that_differ_on_rank_0_too_get_no_other_ranks_note():
     assert two_ranks(rank_0_differs=True).notes == []
+
+
+@noted(EFFECT)
+def test_inputs_short_of_a_micro_batch_are_no_change_after_loading():
+    """The accelerate example saved mid-window: the loader's recorded batches match, the
+    model was given half the inputs at the first resumed step: a micro-batch not run, not
+    samples changed after loading."""
+    base, res = auto_runs(
+        lambda s: inputs(s)[:2] if s == 4 else inputs(s),
+        res_rng=lambda s: f"x{s}",
+        res_point=point(rng={"cpu": "x"}, restores=1),
+        loaded=(inputs, inputs),
+    )
+    d = diagnose(compare_runs(base, res, SPLIT, 6), base, res)
+    assert d.rule == "resume.stream.never-restored", d.text()
+    assert any("given 2 inputs fewer at step 4" in n for n in d.notes), d.notes
+    assert not any("changed after loading" in n for n in d.notes), d.notes

@@ -752,3 +752,61 @@ def test_a_stream_the_resumed_run_does_not_hold_at_its_resume_point_matches_no_e
         res_values=lambda s: {"loss": s / 3, "rng:cpu": f"c{s}", GEN_KEY: f"x{s}"},
     )
     assert d.rule != EARLIER, d.text()
+
+
+# Drawn after the save by code the resumed run does not run
+
+AFTER_SAVE = ID + "drawn-after-the-save"
+EVAL_AFTER_SAVE = point(
+    checkpoint=EVAL_CKPT, draws=[("random_", "rng:cpu", "data_loader.py:572", 0, 40)]
+)
+"""The uninterrupted run starts an evaluation loader at the epoch's end (its base seed from
+the CPU RNG, t=40), after writing the checkpoint (t=20) and before its next step."""
+
+
+@fires(AFTER_SAVE)
+@look_alike(WRONG, wins=AFTER_SAVE)
+def test_a_stream_drawn_after_the_save_by_code_the_resumed_run_skips_is_no_bad_restore():
+    """The accelerate checkpointing example resumed at the end of its first epoch: the
+    restore was right, the evaluation after the save moved the uninterrupted run's stream."""
+    res = point(rng={"cpu": "x"}, checkpoint=EVAL_CKPT, restores=2)
+    d = diagnosis(EVAL_AFTER_SAVE, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
+    named(
+        d,
+        AFTER_SAVE,
+        "drawn after the save",
+        "drew from it after it wrote the checkpoint and before its next step (random_ at "
+        "data_loader.py:572)",
+        "give that code a generator of its own (an evaluation DataLoader",
+    )
+    # the same draws made before the save are no draws after it: the saved state holds them
+    before = point(
+        checkpoint=EVAL_CKPT, draws=[("random_", "rng:cpu", "data_loader.py:572", 0, 10)]
+    )
+    assert diagnosis(before, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)]).rule == WRONG
+
+
+@look_alike(AFTER_SAVE, wins=ADVANCED)
+def test_draws_of_the_resumed_runs_own_after_the_restore_are_an_advance_first():
+    res = point(
+        rng={"cpu": "x"},
+        checkpoint=EVAL_CKPT,
+        restores=2,
+        draws=[("randperm", "rng:cpu", "train.py:70", 2, 900)],
+    )
+    d = diagnosis(EVAL_AFTER_SAVE, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
+    assert d.rule == ADVANCED, d.text()
+
+
+@look_alike(AFTER_SAVE, wins=TOO_LATE)
+def test_the_draws_after_the_save_made_before_the_restore_are_a_restore_too_late():
+    """The resumed run makes the uninterrupted run's after-save draw too, but before its
+    restore (a batch fetched, then the RNG restored): too late, not skipped."""
+    res = point(
+        rng={"cpu": "x"},
+        checkpoint=EVAL_CKPT,
+        restores=2,
+        draws=[("random_", "rng:cpu", "data_loader.py:572", 1, 900)],
+    )
+    d = diagnosis(EVAL_AFTER_SAVE, res, [LOAD, SET_CPU], files=[saved("torch.save", 3, 20)])
+    assert d.rule == TOO_LATE, d.text()
