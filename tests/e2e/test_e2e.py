@@ -473,12 +473,16 @@ def test_plugin_loads_with_autoload_disabled_and_can_be_disabled(pytester, monke
     loaded.stdout.fnmatch_lines(
         [
             "resume-equiv: device=cpu (command line --resume-equiv-device), timeout=42s (command line --resume-equiv-timeout), keep=failed (default)",
-            "*the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) on the test*",
+            "*the resume_equiv fixture needs @resume_equivalent(steps=..., split=...) or "
+            "@equivalent(steps=..., variants=...) on the test*",
         ]
     )
     markers = pytester.runpytest_subprocess("-p", "resume_equiv", "--markers")
     markers.stdout.fnmatch_lines(
-        ["@pytest.mark.resume_equivalent(steps, split, nproc=2, nnodes=1, *"]
+        [
+            "@pytest.mark.resume_equivalent(steps, split, nproc=2, nnodes=1, *",
+            "@pytest.mark.equivalent(steps, baseline=None, variants, nproc=2, *",
+        ]
     )
     helptext = pytester.runpytest_subprocess("-p", "resume_equiv", "--help")
     helptext.stdout.fnmatch_lines(
