@@ -97,8 +97,11 @@ def parse_equivalent(
     if not isinstance(variants, Mapping) or not variants:
         raise _error("variants", variants, 'expected a non-empty dict, e.g. {"dp2": dict(nproc=2)}')
     baseline = _configuration("baseline", kwargs.get("baseline"), spec.nproc, spec.nnodes)
-    if variant not in variants:
-        raise SettingError(f"@equivalent: no variant named {variant!r} in variants=")
+    if variant not in variants:  # a test that takes no resume_equiv fixture has no items
+        raise SettingError(
+            "@equivalent makes one item per variant through the resume_equiv fixture: "
+            "take it (def test_x(resume_equiv)) and call resume_equiv.run(...)"
+        )
     found = _configuration(f"variants[{variant!r}]", variants[variant], spec.nproc, spec.nnodes)
     if found == baseline:
         raise _error(

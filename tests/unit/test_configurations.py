@@ -181,6 +181,11 @@ def test_a_step_the_variant_never_recorded_is_named():
     assert [(d.step, d.what) for d in found.differences] == [(2, "the step's records")]
 
 
+def test_a_test_without_the_fixture_is_told_to_take_it():
+    with pytest.raises(SettingError, match="take it \\(def test_x\\(resume_equiv\\)\\)"):
+        parse_equivalent((), {"steps": 4, "variants": VARIANTS}, "?")
+
+
 def test_runs_that_recorded_nothing_to_compare_are_no_equal_pair():
     empty = {0: sig(0, 1, {1: {"note": 1}})}
     found = compare_configurations(empty, empty, 1)
