@@ -9,6 +9,7 @@ the stepped gradient is `--accum` times the baseline's (BUGS.md class 34).
 """
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,10 @@ def main() -> None:
             loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    # DDP's reducer must not be the last holder of the process group when it is destroyed
+    # (gloo can deadlock at exit then)
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
