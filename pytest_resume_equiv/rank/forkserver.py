@@ -80,6 +80,23 @@ def poisoned_fork() -> list[str]:
     torch = sys.modules.get("torch")
     if torch is None:
         return []
+    for _ in range(PROBES):  # a probe that ended without an answer tells nothing: again
+        answer = _probe(torch)
+        if answer:
+            break
+    try:
+        return [str(name) for name in json.loads(answer)]
+    except ValueError:  # no answer (the probe died) is no "not poisoned"
+        return ["an accelerator (the fork probe did not answer)"]
+
+
+PROBES = 2
+"""Probe children forked before a server that got no answer from any refuses to serve."""
+
+
+def _probe(torch: Any) -> bytes:
+    """What one forked probe child says of the runtimes it could not initialise (JSON), or
+    b"" when it ended without saying."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the probe: read, write, leave without running any exit handler
@@ -98,10 +115,7 @@ def poisoned_fork() -> list[str]:
     with os.fdopen(read, "rb") as f:
         answer = f.read()
     os.waitpid(pid, 0)
-    try:
-        return [str(name) for name in json.loads(answer or b"[]")]
-    except ValueError:
-        return ["an accelerator (the fork probe did not answer)"]
+    return answer
 
 
 def preload(modules: list[str]) -> dict[str, Any]:

@@ -77,3 +77,35 @@ def test_a_server_that_left_is_said_so_at_once(server):
     server.proc.wait(timeout=10)
     with pytest.raises(ResumeEquivError, match=r"did not answer \(exit status 0\)"):
         server._read(30.0)
+
+
+def test_a_fork_probe_that_ends_without_an_answer_is_asked_again_and_never_read_as_safe(
+    tmp_path, monkeypatch
+):
+    """A probe child that dies before it answers said nothing: the server is not taken to be
+    safe to fork from (it was: an empty answer read as "nothing poisoned"). One failed
+    probe is asked again."""
+    import json
+
+    import torch  # noqa: F401 - the probe looks at torch's runtimes
+
+    from pytest_resume_equiv.rank import forkserver
+
+    real = json.dumps
+    flag = tmp_path / "failed-once"
+
+    def once(obj):  # runs in the probe child: the first child dies before writing
+        if not flag.exists():
+            flag.write_text("x")
+            raise RuntimeError("probe died")
+        return real(obj)
+
+    monkeypatch.setattr(json, "dumps", once)
+    assert forkserver.poisoned_fork() == []  # the second probe answered: nothing poisoned
+    assert flag.exists()
+
+    def never(obj):
+        raise RuntimeError("probe died")
+
+    monkeypatch.setattr(json, "dumps", never)
+    assert forkserver.poisoned_fork() == ["an accelerator (the fork probe did not answer)"]
