@@ -14,10 +14,10 @@ from .classes import (
     RESTORED_WRONG,
     rng_before_iterator,
 )
-from .draws import draws_on, shuffles_data, to_forward
+from .draws import base_window, draws_on, shuffles_data
 from .replay import replayed_epoch
 from .rules import Finding, Rule, Stage
-from .stream_restores import RESTORE_RULES
+from .stream_restores import RESTORE_RULES, draws_found, ops_words
 from .stream_words import how_restored, restore_call, stream_words
 from .subject import Subject, point_value
 
@@ -91,25 +91,20 @@ def drawn_after_the_save(s: Subject) -> Optional[Finding]:
     saved_at = s.ev.saved_at(s.rank)
     if not s.restores or not saved_at:
         return None
-    base_point = to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
-    after_save = draws_on(base_point, s.name, since_ns=saved_at)
+    after_save = draws_on(base_window(s), s.name, since_ns=saved_at)
     made = draws_on(s.res, s.name, s.last_restore)
     # draws the resumed run made at all, even before its restore (restored too late)
     missing = after_save - draws_on(s.res, s.name)
     if not missing or made - after_save:
         return None
-    restore = s.restores[-1]
-    ops = [[op, at, n] for (op, at), n in list(missing.items())[:3]]
-    evidence = {"stream": s.name, "restore": restore["call"], "restored_at": restore["at"]}
-    return Finding(s.where(), {**evidence, "ops": ops, "draws": sum(missing.values())})
+    return Finding(s.where(), draws_found(s, missing))
 
 
 def _after_save_words(f: Finding) -> str:
-    ops = ", ".join(f"{op} at {at}" + (f" ({n} times)" if n > 1 else "") for op, at, n in f["ops"])
     return (
         f"{stream_words(f['stream'])} was restored ({f['restore']} at {f['restored_at']}), and "
         f"the resumed run makes no draw the uninterrupted run does not, but the uninterrupted "
-        f"run drew from it after it wrote the checkpoint and before its next step ({ops}), in "
+        f"run drew from it after it wrote the checkpoint and before its next step ({ops_words(f)}), in "
         "code the resumed run does not run there (an evaluation, a loader started at the "
         "epoch's end): the restore was right, that code moved the stream"
     )

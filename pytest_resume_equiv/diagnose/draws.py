@@ -26,6 +26,12 @@ def to_forward(point: Optional[dict]) -> Optional[dict]:
     return {**point, "draws": draws[:cut]}
 
 
+def base_window(s: Subject) -> Optional[dict]:
+    """The uninterrupted run's window to compare the resumed run's draws on `s` with: up to
+    its first forward when the resumed run's trace ended there."""
+    return to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
+
+
 def draws_on(
     point: Optional[dict], stream: str, after: int = -1, since_ns: Optional[int] = None
 ) -> Counter:

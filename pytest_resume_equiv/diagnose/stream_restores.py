@@ -18,7 +18,7 @@ from .classes import (
     RESTORED_TO_AN_EARLIER_STATE,
     RESTORED_TOO_LATE,
 )
-from .draws import advance_fixes, draws_on, shuffles_data, to_forward
+from .draws import advance_fixes, base_window, draws_on, shuffles_data
 from .replay import replayed_epoch
 from .rules import Finding, Rule, Stage
 from .stream_words import how_restored, stream_words
@@ -86,7 +86,7 @@ def _extra_draws(s: Subject) -> Optional[tuple[Counter, Counter]]:
     if not s.restores:
         return None
     saved_at = s.ev.saved_at(s.rank)
-    base_point = to_forward(s.base) if (s.res or {}).get("forward_before") else s.base
+    base_point = base_window(s)
     base = draws_on(base_point, s.name)
     after_save = draws_on(base_point, s.name, since_ns=saved_at) if saved_at else base
     extra = draws_on(s.res, s.name, s.last_restore) - after_save
@@ -95,7 +95,7 @@ def _extra_draws(s: Subject) -> Optional[tuple[Counter, Counter]]:
     return extra, (base - after_save if saved_at else Counter())
 
 
-def _draws_found(s: Subject, extra: Counter) -> dict:
+def draws_found(s: Subject, extra: Counter) -> dict:
     restore = s.restores[-1]
     return {
         "stream": s.name,
@@ -106,7 +106,7 @@ def _draws_found(s: Subject, extra: Counter) -> dict:
     }
 
 
-def _ops(f: Finding) -> str:
+def ops_words(f: Finding) -> str:
     return ", ".join(f"{op} at {at}" + (f" ({n} times)" if n > 1 else "") for op, at, n in f["ops"])
 
 
@@ -121,14 +121,14 @@ def repeated_before_the_resume(s: Subject) -> Optional[Finding]:
     found = _extra_draws(s)
     if found is None or not found[1] or found[0] != found[1]:
         return None
-    return Finding(s.where(), _draws_found(s, found[0]))
+    return Finding(s.where(), draws_found(s, found[0]))
 
 
 def _repeated_words(f: Finding) -> str:
     return (
         "the resumed run repeats code the uninterrupted run ran before it wrote the "
         f"checkpoint: {stream_words(f['stream'])} was restored ({f['restore']} at "
-        f"{f['restored_at']}) and then drawn from {_times(f['draws'])} ({_ops(f)}), the same "
+        f"{f['restored_at']}) and then drawn from {_times(f['draws'])} ({ops_words(f)}), the same "
         "draws the uninterrupted run made before its save, so the saved state already holds "
         "them and the resumed run makes them a second time (an eval or a batch sampled at the "
         "top of the iteration that saves)"
@@ -143,7 +143,7 @@ def advanced_by_draws(s: Subject) -> Optional[Finding]:
     found = _extra_draws(s)
     if found is None:
         return None
-    return Finding(s.where(), {**_draws_found(s, found[0]), "fixes": advance_fixes(s)})
+    return Finding(s.where(), {**draws_found(s, found[0]), "fixes": advance_fixes(s)})
 
 
 def _advanced_words(f: Finding) -> str:
@@ -151,7 +151,7 @@ def _advanced_words(f: Finding) -> str:
     return (
         f"{stream_words(f['stream'])} was restored ({f['restore']} at {f['restored_at']}) and "
         f"then advanced by {n} draw{'s' * (n > 1)} before the first resumed step that the "
-        f"uninterrupted run does not make there: {_ops(f)}"
+        f"uninterrupted run does not make there: {ops_words(f)}"
     )
 
 
@@ -178,7 +178,7 @@ def earlier_state(s: Subject) -> Optional[Finding]:
     return Finding(
         s.where(),
         {
-            **_draws_found(s, draws_on(s.res, s.name, s.last_restore)),
+            **draws_found(s, draws_on(s.res, s.name, s.last_restore)),
             "after_step": earlier[-1],
             "split": s.ev.split,
             "how": how_restored(s.name),
@@ -192,7 +192,7 @@ def _earlier_words(f: Finding) -> str:
     k = f["after_step"]
     return (
         f"{f['stream_words']} was restored ({f['restore']} at {f['restored_at']}) and, after the "
-        f"draws that follow ({_ops(f)}), holds the uninterrupted run's state at the first "
+        f"draws that follow ({ops_words(f)}), holds the uninterrupted run's state at the first "
         f"forward of step {k + 1} (after step {k}), not the one at the save (after step "
         f"{f['split']}): it was restored to the state of that earlier point (an epoch's start, "
         "to draw its shuffle again), and the state at the save is never restored"
