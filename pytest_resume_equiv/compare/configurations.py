@@ -140,6 +140,7 @@ def _global(run: Run) -> dict[int, GlobalStep]:
     key = _samples_key(run)
     losses: dict[int, list[float]] = {}
     tensors: dict[int, dict[str, list[dict]]] = {}
+    first = min(run, default=0)
     for rank in sorted(run):
         for step, values in run[rank].steps:
             g = steps.setdefault(step, GlobalStep())
@@ -152,7 +153,7 @@ def _global(run: Run) -> dict[int, GlobalStep]:
                 losses.setdefault(step, []).append(sum(n for n in numbers if n is not None))
             for name, stats in _tensors(values).items():
                 tensors.setdefault(step, {}).setdefault(name, []).append(stats)
-            if rank == min(run):
+            if rank == first:
                 _rank_zero(g, values)
     for step, sums in losses.items():
         steps[step].numbers["loss"] = sum(sums) / len(sums)
