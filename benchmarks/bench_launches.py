@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import tempfile
 import textwrap
 
-from common import ROOT, machine, median_of, table, timed_run
+from common import ROOT, children_cpu, machine, median_of, table, timed_run
 
 TRAIN = os.path.join(ROOT, "examples", "minimal", "train.py")
 
@@ -84,13 +83,6 @@ RATIOS = (
 
 
 HAND = {"a": "a: by hand (2 launches)", "b": "b: by hand, per split (6 launches)"}
-
-
-def children_cpu() -> float:
-    """CPU seconds (user + system) of every finished child so far, theirs included: under
-    load a process's wall time stretches, its CPU time much less."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def write(directory: str, name: str, text: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,13 @@ def timed_run(argv: Sequence[str], cwd: str, expect: int = 0) -> float:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"{argv!r} exited {proc.returncode}, expected {expect}")
     return elapsed
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child so far, theirs included: under
+    load a process's wall time stretches, its CPU time much less."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def median_of(samples: list[float]) -> float:
