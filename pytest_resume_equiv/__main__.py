@@ -25,11 +25,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Optional
 
+from .checks.equivalent import explained
 from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
 from .compare.comparators import comparator_for
 from .compare.configurations import compare_configurations
 from .compare.tolerance import ComparisonRules, ToleranceRule
+from .diagnose import diagnose_configurations
 from .doctor import cli as doctor
 from .rank.layout import is_audit_key
 from .report.replay import Judgement, JudgementError, read_judgement
@@ -125,7 +127,7 @@ def compare(args: argparse.Namespace) -> int:
     if args.configurations:
         names = (args.uninterrupted, args.resumed)
         found = compare_configurations(base, res, args.steps or _last_step(base), names)
-        print("\n".join(found.lines("compare")))
+        print("\n".join(explained(found, diagnose_configurations(found), "compare")))
         return EQUAL if found.equal else DIVERGED
     try:
         kept: Optional[Judgement] = read_judgement(args.resumed)

@@ -16,7 +16,8 @@ from .marker import KEYWORDS, Configuration, Configurations, MarkerSpec, _int
 
 MARKER = "equivalent"
 MARKER_DOC = (
-    "equivalent(steps, baseline=None, variants, nproc=2, nnodes=1, timeout=None, env=None): "
+    "equivalent(steps, baseline=None, variants, nproc=2, nnodes=1, timeout=None, env=None, "
+    'dropout="off"): '
     "run the test's training as the "
     "baseline configuration and as each named variant (dicts of nproc, nnodes, args, env), "
     "one test item per variant, and compare every optimizer step over the global batch"
@@ -27,7 +28,10 @@ version compares under its own round-off bound, with automatic recording on, not
 out: `tolerance`, `ignore` and `auto` are not taken yet)."""
 KEYS = ("nproc", "nnodes", "args", "env")
 """What a configuration (the baseline, a variant) may set."""
-MARKER_KEYWORDS = ("steps", "baseline", "variants", *SHARED)
+MARKER_KEYWORDS = ("steps", "baseline", "variants", *SHARED, "dropout")
+DROPOUT = ("off", "on")
+"""`dropout=`: off (the default) makes every dropout an identity in both launches, as masks
+drawn per micro-batch cannot equal the big batch's; on keeps them."""
 
 
 def _error(keyword: str, value: Any, why: str) -> SettingError:
@@ -107,4 +111,8 @@ def parse_equivalent(
         raise _error(
             f"variants[{variant!r}]", variants[variant], "equals the baseline: nothing to compare"
         )
-    return dataclasses.replace(spec, configurations=Configurations(baseline, variant, found))
+    dropout = kwargs.get("dropout", "off")
+    if dropout not in DROPOUT:
+        raise _error("dropout", dropout, 'expected "off" (the default) or "on"')
+    chosen = Configurations(baseline, variant, found, dropout)
+    return dataclasses.replace(spec, configurations=chosen)

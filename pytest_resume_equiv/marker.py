@@ -45,6 +45,8 @@ class Configurations:
     name: str
     """The variant's name, the item's id (`test_x[dp2]`)."""
     variant: Configuration
+    dropout: str = "off"
+    """off: every dropout an identity in both launches; on: kept (rank/sketch.py)."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ def in_rank(tmp_path, monkeypatch):
         device_kind="cpu",
         auto=True,
         picks_checkpoint=False,
+        equivalence=False,
     ):
         run_dir = str(run_dir or tmp_path / phase)
         current().close()
@@ -111,6 +112,7 @@ def in_rank(tmp_path, monkeypatch):
             split=split,
             splits=(split,),
             auto=auto,
+            equivalence=equivalence,
             picks_checkpoint=picks_checkpoint,
         )
         monkeypatch.setenv(CONTEXT_ENV, launch.to_json())

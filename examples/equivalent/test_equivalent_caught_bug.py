@@ -1,6 +1,7 @@
 """What a caught batching bug looks like: accumulation over 2 micro-batches without dividing
 each micro-batch's loss by 2. The report names the first quantity that differs (the step's
-loss, twice the baseline's), beyond round-off."""
+loss, twice the baseline's), beyond round-off, and the likely cause: the window's gradient is
+2 times the baseline's, the ratio of accumulation steps, with its one fix."""
 
 from pathlib import Path
 
@@ -23,3 +24,5 @@ def test_unscaled_accumulation_is_caught(resume_equiv):
     print(report)  # shown with -rP
     assert "the variant does not train the same model as the baseline" in report
     assert "step 1: loss: baseline" in report
+    assert "likely cause (loss not scaled by accumulation)" in report
+    assert "Fix: divide each micro-batch's loss by the accumulation steps" in report

@@ -13,8 +13,26 @@ from typing import Optional
 
 from ..compare.configurations import ConfigurationFacts, compare_configurations
 from ..configurations import Configuration
+from ..diagnose import Diagnosis, diagnose_configurations
+from ..diagnose.classes import DRAWN_BY_CONSTRUCTION
 from ..plan import PlannedLaunch, Planner
 from .base import Check, Judging, Outcome, Verdict
+from .resume import format_diagnosis
+
+
+def status_of(found: ConfigurationFacts, diagnosis: Optional[Diagnosis]) -> str:
+    """passed when equal; abstained when dropout's masks explain the difference (they differ
+    by construction); else failed."""
+    if found.equal:
+        return "passed"
+    if diagnosis is not None and diagnosis.bug_class == DRAWN_BY_CONSTRUCTION:
+        return "abstained"
+    return "failed"
+
+
+def explained(found: ConfigurationFacts, diagnosis: Optional[Diagnosis], label: str) -> list[str]:
+    """What the comparison found, then its likely cause (the report's and `compare`'s)."""
+    return [*found.lines(label), *(format_diagnosis(diagnosis) if diagnosis else [])]
 
 
 def _launch(planner: Planner, name: str, role: str, config: Configuration) -> PlannedLaunch:
@@ -37,7 +55,11 @@ def _launch(planner: Planner, name: str, role: str, config: Configuration) -> Pl
     def build(run_dir: str) -> PlannedLaunch:
         launch = own.saving(name, role, [0], run_dir, marker.steps, saves=False)
         context = dataclasses.replace(
-            launch.spec.context, variant="" if role == "baseline" else conf.name, args=config.args
+            launch.spec.context,
+            variant="" if role == "baseline" else conf.name,
+            args=config.args,
+            equivalence=True,
+            dropout=conf.dropout,
         )
         launch.spec = dataclasses.replace(launch.spec, context=context)
         return launch
@@ -83,15 +105,19 @@ class Equivalent(Check):
             judge.settings.marker.steps,
             (conf.baseline.describe(), f"{conf.name} ({conf.variant.describe()})"),
         )
+        diagnosis = diagnose_configurations(found)
         verdict = Verdict(
             self.kind,
-            "passed" if found.equal else "failed",
+            status_of(found, diagnosis),
             f"variant {conf.name}",
             0,
+            diagnosis=diagnosis,
             facts=[found],
             primary=True,
             launch=self.variant.name,
         )
+        if verdict.status == "abstained":
+            verdict.why = "dropout drew masks: the configurations cannot be compared"
         verdict.runs = {
             "baseline": self.baseline.spec.run_dir,
             "variant": self.variant.spec.run_dir,
@@ -106,7 +132,9 @@ class Equivalent(Check):
     @classmethod
     def headline(cls, verdict: Verdict) -> list[str]:
         found = cls._facts(verdict)
-        return found.lines(verdict.label) if found is not None else super().headline(verdict)
+        if found is None:
+            return super().headline(verdict)
+        return explained(found, verdict.diagnosis, verdict.label)
 
     @classmethod
     def proved(cls, verdict: Verdict) -> str:
@@ -122,11 +150,9 @@ class Equivalent(Check):
     @classmethod
     def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         found = cls._facts(verdict)
-        return (
-            found.lines(verdict.label)
-            if found is not None
-            else super().block(verdict, outcome, kept)
-        )
+        if found is None:
+            return super().block(verdict, outcome, kept)
+        return explained(found, verdict.diagnosis, verdict.label)
 
     @classmethod
     def words(cls, verdict: Verdict) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..compare.configurations import ConfigurationFacts
 from ..compare.diff import Comparison
 from ..compare.gate import GateFacts
 from ..signature import Signature
@@ -25,13 +26,26 @@ from .registry import NOTES, leads_over, stage
 from .rules import Diagnosis, Stage, first
 from .subject import held_at_resume
 
-__all__ = ["Diagnosis", "Stage", "cause", "diagnose", "diagnose_resume", "diagnose_resume_point"]
+__all__ = [
+    "Diagnosis",
+    "Stage",
+    "cause",
+    "diagnose",
+    "diagnose_configurations",
+    "diagnose_resume",
+    "diagnose_resume_point",
+]
 
 
 def cause(of: Stage, subject: object) -> Optional[Diagnosis]:
     """The cause the rules of stage `of` find in `subject` (the input that stage reads:
     at_check.py says which), None when none does."""
     return first(stage(of), subject)
+
+
+def diagnose_configurations(found: ConfigurationFacts) -> Optional[Diagnosis]:
+    """The likely cause of a difference between two configurations (None when equal)."""
+    return None if found.equal else first(stage(Stage.CONFIGURATION), found)
 
 
 def diagnose(

@@ -55,6 +55,18 @@ UNAUDITED_STATE = "unaudited state"
 UNKNOWN = "unknown"
 WATCHED_STATE = "watched state"
 
+# Configuration equivalence (`@equivalent`): ../shared/BUGS.md classes 34-43
+LOSS_NOT_SCALED_BY_ACCUMULATION = "loss not scaled by accumulation"
+GRADIENTS_ZEROED_IN_WINDOW = "gradients zeroed inside the window"
+SCHEDULER_PER_MICRO_STEP = "scheduler per micro-step"
+CLIPPING_PER_MICRO_STEP = "clipping per micro-step"
+TOKEN_MEAN_PER_MICRO_BATCH = "per-micro-batch token mean"
+LOSS_SCALED_BY_WORLD_SIZE = "loss scaled by world size"
+SAME_DATA_ON_EVERY_RANK = "same data on every rank"
+PER_RANK_BATCH_STATISTICS = "per-rank batch statistics"
+DRAWN_BY_CONSTRUCTION = "random draws differ by construction"
+CLIPPING_ON_LOCAL_SHARDS = "clipping on local shards"
+
 STREAM_KINDS = ("cpu", "numpy", "python")
 """The global streams a class is named after (`rng_stream`)."""
 OBJECT_KINDS = ("module", "optimizer", "scheduler")

@@ -12,15 +12,21 @@ from .classes import (
     ANOTHER_STEPS_CHECKPOINT,
     BEYOND_MEASURED_NOISE,
     BUFFERS,
+    CLIPPING_ON_LOCAL_SHARDS,
+    CLIPPING_PER_MICRO_STEP,
     COMPUTED_DIFFERENTLY,
     DATA_LOADER_STATE,
     DATA_ORDER,
     DATALOADER_WORKERS,
     DEVICE_RNG,
     DRAWN_AFTER_THE_SAVE,
+    DRAWN_BY_CONSTRUCTION,
     FRESH_PROCESS,
     GRADIENT_ACCUMULATION,
+    GRADIENTS_ZEROED_IN_WINDOW,
     LEFT_IN_THE_WRONG_MODE,
+    LOSS_NOT_SCALED_BY_ACCUMULATION,
+    LOSS_SCALED_BY_WORLD_SIZE,
     LR_SCHEDULER_MISSING,
     LR_SCHEDULER_OFF_BY_ONE,
     MASTER_WEIGHTS,
@@ -29,6 +35,7 @@ from .classes import (
     OPTIMIZER_STATE,
     OPTIMIZER_STATE_MISSING,
     OWNED_GENERATOR,
+    PER_RANK_BATCH_STATISTICS,
     PER_RANK_RNG_COLLAPSED,
     RE_EXECUTED_STEPS,
     REPEATED_BEFORE_THE_RESUME,
@@ -41,9 +48,12 @@ from .classes import (
     RESTORED_TO_AN_EARLIER_STATE,
     RESTORED_TOO_LATE,
     RESTORED_WRONG,
+    SAME_DATA_ON_EVERY_RANK,
     SAVED_WRONG_BY_ITS_WRITER,
+    SCHEDULER_PER_MICRO_STEP,
     SKIPPED_AGAIN,
     STREAM_KINDS,
+    TOKEN_MEAN_PER_MICRO_BATCH,
     TORN_CHECKPOINT,
     TRAIN_EVAL_FLAGS,
     UNAUDITED_INPUT,
@@ -271,6 +281,56 @@ CLASSES: dict[str, BugClass] = {
                 "seeding",
             )
             for kind in STREAM_KINDS
+        ),
+        BugClass(
+            LOSS_NOT_SCALED_BY_ACCUMULATION,
+            "divide each micro-batch's loss by the accumulation steps before `backward()` (or "
+            "sum the window's per-sample losses and divide by the global batch)",
+        ),
+        BugClass(
+            GRADIENTS_ZEROED_IN_WINDOW,
+            "zero the gradients once per optimizer step, after `optimizer.step()`, never "
+            "between the backwards of an accumulation window",
+        ),
+        BugClass(
+            SCHEDULER_PER_MICRO_STEP,
+            "step the LR scheduler once per optimizer step, right after `optimizer.step()`, "
+            "not once per micro-batch",
+        ),
+        BugClass(
+            CLIPPING_PER_MICRO_STEP,
+            "clip once per optimizer step, after the window's last backward and before "
+            "`optimizer.step()`",
+        ),
+        BugClass(
+            TOKEN_MEAN_PER_MICRO_BATCH,
+            "divide the summed token losses by the token count of the whole global batch (the "
+            "window's tokens on every rank, all-reduced), not by each micro-batch's own",
+        ),
+        BugClass(
+            LOSS_SCALED_BY_WORLD_SIZE,
+            "do not multiply (or sum) the loss by the world size: DDP and FSDP already average "
+            "the gradients over the ranks",
+        ),
+        BugClass(
+            SAME_DATA_ON_EVERY_RANK,
+            "give each rank its own share of the data: a `DistributedSampler` with this "
+            "rank's `rank=` and `num_replicas=` (or the dataset sharded by rank)",
+        ),
+        BugClass(
+            PER_RANK_BATCH_STATISTICS,
+            "convert BatchNorm to SyncBatchNorm (`nn.SyncBatchNorm.convert_sync_batchnorm"
+            "(model)`), so that the statistics are the global batch's",
+        ),
+        BugClass(
+            DRAWN_BY_CONSTRUCTION,
+            'compare with dropout="off" (the default): masks drawn per micro-batch or per rank '
+            "cannot equal the big batch's",
+        ),
+        BugClass(
+            CLIPPING_ON_LOCAL_SHARDS,
+            "clip by the whole gradient's norm: `clip_grad_norm_` on the sharded (DTensor) "
+            "parameters, or the squared norms of the local shards all-reduced before the root",
         ),
         *(
             BugClass(kind_never_restored(kind), "save and load its state_dict()")

@@ -56,6 +56,8 @@ class Stage(enum.Enum):
     """A resume whose gate held and whose resumed process computes its first step otherwise."""
     NOISE = "noise"
     """A trajectory judged against measured noise."""
+    CONFIGURATION = "configuration"
+    """Two configurations of one training (`@equivalent`) that differ."""
     NOTE = "note"
     """Not a cause: a sentence added beside the cause of the classes it applies to."""
 

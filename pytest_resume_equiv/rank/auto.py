@@ -37,6 +37,7 @@ from .fingerprint import Later, local_shard
 from .inputs import batch_parts, forward_inputs, tensor_fingerprint
 from .loaded import LoaderTap
 from .patches import Patches
+from .sketch import Sketch
 from .wrapping import Wrapper
 
 Emit = Callable[["Step"], None]
@@ -57,6 +58,8 @@ class Step:
     (rank/loaded.py): the samples, before the trainer changed them."""
     optimizers: list[int] = field(default_factory=list)
     """ids of the optimizers that stepped (or were skipped) in it."""
+    notes: dict[str, list[Any]] = field(default_factory=dict)
+    """What an equivalence launch's sketch filed under the step (rank/sketch.py), by key."""
     ran: bool = False
     """At least one `optimizer.step` ran (False: every one was skipped)."""
 
@@ -77,6 +80,7 @@ class StepCounter:
         self.inputs: list[list[tuple[str, Any]]] = []
         """What the iteration under way has seen so far (it goes into its step)."""
         self.batches: list[list[tuple[str, Any]]] = []
+        self.notes: dict[str, list[Any]] = {}
         self.ran = 0
         """Optimizer steps that ran, ever (a `GradScaler.step` that adds none skipped)."""
 
@@ -89,6 +93,7 @@ class StepCounter:
         if self.pending is None:
             self.count += 1
             self.pending = Step(self.count, self.losses, self.inputs, self.batches)
+            self.pending.notes, self.notes = self.notes, {}
             self.losses, self.inputs, self.batches = [], [], []
         self.pending.optimizers.append(id(optimizer))
         if ran:
@@ -104,8 +109,8 @@ class StepCounter:
     def take_seen(self) -> Step:
         """What the iteration under way has seen so far, taken (an explicit `record` holds
         everything seen since the last one, in a trainer with no torch optimizer too)."""
-        seen = Step(0, self.losses, self.inputs, self.batches)
-        self.losses, self.inputs, self.batches = [], [], []
+        seen = Step(0, self.losses, self.inputs, self.batches, notes=self.notes)
+        self.losses, self.inputs, self.batches, self.notes = [], [], [], {}
         return seen
 
     def loss(self, value: Any) -> None:
@@ -116,6 +121,10 @@ class StepCounter:
 
     def loaded(self, batch: list[tuple[str, Any]]) -> None:
         self.batches.append(batch)
+
+    def note(self, key: str, value: Any) -> None:
+        """A value of the iteration under way (an equivalence launch's sketch)."""
+        self.notes.setdefault(key, []).append(value)
 
 
 class Found:
@@ -173,7 +182,7 @@ def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
 
 
-def _loss_value(tensor: Any) -> Any:
+def scalar_value(tensor: Any) -> Any:
     """A backward's tensor as the step keeps it until it is written: detached (a scalar's
     value as float64 bits on its device, read with the step's other device values)."""
     torch = sys.modules["torch"]
@@ -214,6 +223,9 @@ class AutoRecorder:
         self.loaded_modules: list[Any] = []
         """Modules whose `load_state_dict` ran (a resumed run's model, before its first
         forward: `adopt_loaded`)."""
+        self.sketch: Optional[Sketch] = None
+        """An equivalence launch's gradient sketch, token counts and dropout (set before
+        `install`)."""
         self.taken: Optional[Callable[[int], None]] = None
         """Called with a step's number when its first optimizer step ran (or was skipped):
         what the process does from here on (a save) comes after that step."""
@@ -245,6 +257,8 @@ class AutoRecorder:
         if _initialising_state():
             return
         self.found.add("optimizer", opt)
+        if self.sketch is not None and self.counter.pending is None:
+            self.sketch.before_step()  # the step's first optimizer: the stepped gradient
         if self.first_step_seen is not None:
             first, self.first_step_seen = self.first_step_seen, None
             first()
@@ -280,6 +294,8 @@ class AutoRecorder:
         given = forward_inputs(args, rest[0])
         if given:
             self.counter.batch(batch_parts(given))
+            if self.sketch is not None:
+                self.sketch.forward(given)
         loaded = self.loader.take()
         if loaded:
             self.counter.loaded(batch_parts(loaded))
@@ -305,11 +321,14 @@ class AutoRecorder:
             self.boundary()
             for tensor in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
                 if isinstance(tensor, torch.Tensor):
-                    self.counter.loss(_loss_value(tensor))
+                    self.counter.loss(scalar_value(tensor))
+            if self.sketch is not None:
+                self.sketch.after_backward()
 
         # reported once the outermost backward returned (Tensor.backward calls autograd's)
-        self.calls.wrap(torch.Tensor, "backward", backward_called)
-        self.calls.wrap(torch.autograd, "backward", backward_called)
+        before = self.sketch.before_backward if self.sketch is not None else None
+        self.calls.wrap(torch.Tensor, "backward", backward_called, before=before)
+        self.calls.wrap(torch.autograd, "backward", backward_called, before=before)
 
         amp = getattr(torch, "amp", None)
         if amp is not None and hasattr(amp, "GradScaler"):
@@ -379,6 +398,8 @@ class AutoRecorder:
         self.calls.unwrap()
         self.patches.restore()
         self.loader.uninstall()
+        if self.sketch is not None:
+            self.sketch.uninstall()
 
 
 def counters(found: Found, before_step: bool = False) -> dict[str, int]:

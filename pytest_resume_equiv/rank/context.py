@@ -37,6 +37,7 @@ from .restore import RestoreLog
 from .resume_point import ResumePoint, fingerprint_files
 from .rng import Generators, mutate, seed_devices, seed_host_streams, streams
 from .run_dir import signature_path
+from .sketch import Sketch
 from .trace import DrawTrace, user_frame
 from .watch import Watched
 
@@ -352,9 +353,15 @@ class RankState:
                 self.write_step, self._auto_taken, loaded, first, ctx.picks_checkpoint
             )
             self.auto = self.lines.recorder
+            if ctx.equivalence:
+                self.auto.sketch = Sketch(self.auto.counter.note, self._optimizers)
+                self.auto.sketch.install_dropout(off=ctx.dropout == "off")
             self.auto.install()
             self.watched.found = self.auto.found.named
         self.point.install(ctx.split if ctx.resuming else None, self._on_forward)
+
+    def _optimizers(self) -> list[Any]:
+        return self.auto.found.of("optimizer") if self.auto is not None else []
 
     def _npu_arrived(self, seed: Optional[int]) -> None:
         """torch_npu imported by the trainer after `install` (torch's device autoload off):

@@ -76,6 +76,11 @@ class LaunchContext:
     args: tuple[str, ...] = ()
     """An equivalence test: the configuration's arguments, which command mode appends to the
     command and function mode reads here (`ctx.args`)."""
+    equivalence: bool = False
+    """A launch of an equivalence test, baseline or variant: automatic recording keeps the
+    gradient sketch, the token counts and the dropout calls too (rank/sketch.py)."""
+    dropout: str = "on"
+    """off: every dropout is an identity (an equivalence test's default); on: as it is."""
 
     @property
     def resuming(self) -> bool:

@@ -101,6 +101,7 @@ AUTO_SWITCH = (
     "automatic recording off: `auto=False` in the marker, `--resume-equiv-auto=off`, "
     "`PYTEST_RESUME_EQUIV_AUTO=off`"
 )
+EQUIVALENCE_ONLY = "on in an `@equivalent` test's launches only (automatic recording on)"
 _DEVICES = "cuda, npu, xpu"
 _RESTORE_LOGGED = (
     "a thread-local depth check; after the outermost call returns, an entry in the restore log "
@@ -303,6 +304,27 @@ PATCHES: tuple[Patch, ...] = (
         "each batch: a reference kept until the next training forward takes it (no copy)",
         AUTO_SWITCH,
         ("torch.utils.data.dataloader._BaseDataLoaderIter.__next__",),
+    ),
+    Patch(
+        "`torch.nn.functional`'s dropouts (`dropout`, `dropout1d/2d/3d`, `alpha_dropout`, "
+        "`feature_alpha_dropout`) and `scaled_dot_product_attention`'s `dropout_p`, in an "
+        "`@equivalent` test's launches only: counted, and made an identity with "
+        'dropout="off" (the default)',
+        "rank/sketch.py",
+        REPLACED,
+        "each call: one Python call; with dropout off, none of the mask's work",
+        EQUIVALENCE_ONLY,
+        ("torch.nn.functional.*dropout*", "torch.nn.functional.scaled_dot_product_attention"),
+    ),
+    Patch(
+        "the gradient sketch, in an `@equivalent` test's launches only: the squared norm of "
+        "the rank's gradients before and after each `backward()` and at the step's first "
+        "optimizer step, and each training forward's token count",
+        "rank/sketch.py",
+        "through rank/auto.py's hooks",
+        "each backward: two passes over the gradients (one float64 sum each, left on the "
+        "device); each optimizer step: one more",
+        EQUIVALENCE_ONLY,
     ),
     Patch(
         "a global module forward pre-hook (`register_module_forward_pre_hook`): the first "

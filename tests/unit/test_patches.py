@@ -118,7 +118,7 @@ def test_every_attribute_a_rank_replaces_has_its_row(in_rank):
     for name in ("numpy", "safetensors.torch", "torch.distributed.checkpoint.state_dict"):
         importlib.import_module(name)
     real = (torch.load, torch.Generator, open, os.replace, shutil.rmtree, torch.Tensor.backward)
-    in_rank(phase="resumed", auto=True)
+    in_rank(phase="resumed", auto=True, equivalence=True)
     state = current()
     state.install()
     try:
@@ -150,7 +150,7 @@ def test_the_automatic_recording_switch_names_the_real_option():
     assert "auto" in MARKER_KEYWORDS
     assert option.cli in patches.AUTO_SWITCH and option.env in patches.AUTO_SWITCH
     switches = {row.switch for row in PATCHES}
-    assert switches == {patches.ALWAYS, patches.AUTO_SWITCH}
+    assert switches == {patches.ALWAYS, patches.AUTO_SWITCH, patches.EQUIVALENCE_ONLY}
 
 
 @functools.cache

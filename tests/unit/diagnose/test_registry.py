@@ -42,6 +42,7 @@ def test_the_package_holds_a_test_module_per_stage():
     assert TEST_MODULES == [
         "test_checkpoint",
         "test_checks",
+        "test_configurations",
         "test_data",
         "test_held",
         "test_notes",

@@ -1,0 +1,157 @@
+"""What an equivalence launch (`@equivalent`, checks/equivalent.py) records beside the
+automatic step (rank/auto.py), so that a difference between two configurations can be
+explained, not only seen.
+
+A gradient is not kept whole: a few numbers per step that round-off barely moves and a real
+difference moves. The squared norm of this rank's gradients (its local shards under FSDP2),
+summed in float64, is taken
+- before and after each `backward()`: what the trainer did to the gradients between two
+  backwards of a window shows (zeroed, scaled by a clipping);
+- when the step's first optimizer steps: the gradient it steps with. The factor between the
+  last backward's and this one is what a clipping did to it (the clip norm, however the
+  trainer clips: `clip_grad_norm_`, `clip_grads_with_norm_` or by hand); each rank's own
+  factor tells a clipping by the rank's shards from one by the whole gradient.
+A micro-batch's token count is taken from its inputs where a loss can be a token mean: the
+labels that are not -100, else a mask (an input named `*mask*`, or a floating or boolean
+batch of 0s and 1s). Dropout: `off` makes every dropout an identity (masks drawn per
+micro-batch cannot equal the big batch's), `on` keeps it; either way the calls that would
+draw a mask are counted (`dropout`: masks drawn; `dropout_off`: calls made an identity).
+
+Every value stays on its device until the step's line is written (one transfer)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from .patches import Patches
+
+DROPOUT_FUNCTIONS = (
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+)
+"""`torch.nn.functional`'s dropouts: the modules (`nn.Dropout`, ...) call them."""
+ATTENTION = "scaled_dot_product_attention"
+"""Attention's own dropout (`dropout_p`)."""
+ATTENTION_AFTER_MASK = ("dropout_p", "is_causal", "scale", "enable_gqa")
+"""`scaled_dot_product_attention`'s positional parameters after its first four."""
+
+
+class Sketch:
+    """The sketch of one rank's steps; `note(key, value)` files a value under the iteration
+    under way (the step counter's)."""
+
+    def __init__(self, note: Callable[[str, Any], None], optimizers: Callable[[], list]) -> None:
+        self.note = note
+        self.optimizers = optimizers
+        self.patches = Patches(__name__)
+
+    def gradient(self) -> Any:
+        """The squared norm of this rank's gradients of every parameter the optimizers
+        found so far update (a 0-d float64 tensor on their device)."""
+        torch = sys.modules["torch"]
+        seen: set[int] = set()
+        total = None
+        for optimizer in self.optimizers():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if id(param) in seen or param.grad is None:
+                        continue
+                    seen.add(id(param))
+                    grad = param.grad
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    part = local.detach().double().pow(2).sum()
+                    total = part if total is None else total + part.to(total.device)
+        return total if total is not None else torch.zeros((), dtype=torch.float64)
+
+    def sharded(self) -> bool:
+        """Whether a gradient is a sharded DTensor (the ranks' norms add up to the whole)."""
+        for optimizer in self.optimizers():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    placements = getattr(param.grad, "placements", ())
+                    if any(p.is_shard() for p in placements):
+                        return True
+        return False
+
+    def before_backward(self) -> None:
+        self.note("grad_before", self.gradient())
+
+    def after_backward(self) -> None:
+        self.note("grad_after", self.gradient())
+
+    def before_step(self) -> None:
+        self.note("grad_stepped", self.gradient())
+        if self.sharded():
+            self.note("grad_sharded", True)
+
+    def forward(self, given: list[tuple[str, Any]]) -> None:
+        """A training forward's inputs: its token count, where it has one."""
+        count = token_count(given)
+        if count is not None:
+            self.note("tokens", count)
+
+    def install_dropout(self, off: bool) -> None:
+        """Count the dropout calls that draw a mask (training, p > 0); `off`: make them an
+        identity."""
+        import torch.nn.functional as F
+
+        for name in DROPOUT_FUNCTIONS:
+            original = getattr(F, name, None)
+            if original is not None:
+                self.patches.replace(F, name, self._dropout(original, off))
+        original = getattr(F, ATTENTION, None)
+        if original is not None:
+            self.patches.replace(F, ATTENTION, self._attention(original, off))
+
+    def _dropout(self, original: Callable, off: bool) -> Callable:
+        def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False):
+            if not (training and p > 0):
+                return original(input, p, training, inplace)
+            if off:
+                self.note("dropout_off", 1)
+                return input
+            self.note("dropout", 1)
+            return original(input, p, training, inplace)
+
+        return dropout
+
+    def _attention(self, original: Callable, off: bool) -> Callable:
+        def attention(*args: Any, **kwargs: Any) -> Any:
+            # query, key, value, attn_mask, then these: by name from here on
+            kwargs.update(zip(ATTENTION_AFTER_MASK, args[4:]))
+            args = args[:4]
+            if kwargs.get("dropout_p", 0.0) > 0:
+                self.note("dropout_off" if off else "dropout", 1)
+                if off:
+                    kwargs["dropout_p"] = 0.0
+            return original(*args, **kwargs)
+
+        return attention
+
+    def uninstall(self) -> None:
+        self.patches.restore()
+
+
+def token_count(given: list[tuple[str, Any]]) -> Any:
+    """The tokens of a forward's batch a token-mean loss divides by: its labels that are not
+    -100 (the ignore index), else the ones of a mask; -1 when the named mask is not 0s and
+    1s; None with neither."""
+    torch = sys.modules["torch"]
+    given = [(where, t) for where, t in given if isinstance(t, torch.Tensor)]
+    labels = [t for where, t in given if where.rsplit(".", 1)[-1] == "labels"]
+    if labels and not labels[0].is_floating_point():
+        return (labels[0] != -100).sum().to(torch.float64)
+    for where, t in given:
+        named = "mask" in where.rsplit(".", 1)[-1]
+        batch_of_flags = t.dim() >= 2 and (t.is_floating_point() or t.dtype == torch.bool)
+        if named or batch_of_flags:
+            flags = ((t == 0) | (t == 1)).all()
+            if named or bool(flags):  # an unnamed tensor counts only when it is flags
+                count = t.to(torch.float64).sum()
+                return torch.where(flags, count, torch.full_like(count, -1.0))
+    return None
