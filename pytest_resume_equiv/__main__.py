@@ -2,6 +2,7 @@
 
     python -m pytest_resume_equiv compare UNINTERRUPTED_RUN RESUMED_RUN [--split N] [--steps N]
         [--tolerance RULE ...] [--ignore PATTERN ...]
+    python -m pytest_resume_equiv compare [--configurations] BASELINE_RUN VARIANT_RUN [--steps N]
     python -m pytest_resume_equiv show RUN [--all] [--steps A-B]
     python -m pytest_resume_equiv doctor [--device auto|cpu|cuda|npu|xpu] [--nproc N]
         [--json PATH] [--timeout SECONDS]
@@ -9,7 +10,10 @@
 `compare` judges as the test did: a resumed run directory a test kept holds the judgement
 that shaped its verdict (split, steps, tolerance, ignore, strict-latent, and for a resume on
 another topology the uninterrupted run on that topology); `--split`, `--steps`, `--tolerance`
-and `--ignore` override it.
+and `--ignore` override it. An `@equivalent` test's variant run directory holds its judgement
+too (its steps, label and both configurations' names): compared with the baseline run it
+gives that item's verdict and lines, `--configurations` or not; `--configurations` compares
+any two runs of different configurations so.
 
 Exit status: 0 equal (compare) or shown (show), 1 diverged, 2 bad input (not a run directory,
 unreadable or unknown signature files, bad arguments). `doctor` (doctor/cli.py) checks this
@@ -30,7 +34,7 @@ from .checks.other_topology import judge_topology
 from .checks.resume import ResumeLike, judge_resume
 from .compare.comparators import comparator_for
 from .compare.configurations import compare_configurations
-from .compare.tolerance import ComparisonRules, ToleranceRule
+from .compare.tolerance import ComparisonRules, Tolerance, ToleranceRule
 from .diagnose import diagnose_configurations
 from .doctor import cli as doctor
 from .rank.layout import is_audit_key
@@ -38,6 +42,8 @@ from .report.replay import Judgement, JudgementError, read_judgement
 from .signature import Signature, SignatureError, read_run, readable
 
 EQUAL, DIVERGED, BAD_INPUT = 0, 1, 2
+EQUIVALENT = "equivalent"
+"""The check of an `@equivalent` item, as its judgement names it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,8 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m pytest_resume_equiv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     compare = sub.add_parser("compare", help="compare a resumed run with an uninterrupted one")
-    compare.add_argument("uninterrupted", help="run directory of the uninterrupted launch")
-    compare.add_argument("resumed", help="run directory of the resumed launch")
+    compare.add_argument(
+        "uninterrupted", help="run directory of the uninterrupted launch (or the baseline)"
+    )
+    compare.add_argument("resumed", help="run directory of the resumed launch (or the variant)")
     compare.add_argument(
         "--split", type=int, help="the step the resumed run started after (default: its header)"
     )
@@ -121,18 +129,61 @@ def _last_step(run: dict[int, Signature]) -> int:
     return max((step for sig in run.values() for step, _ in sig.steps), default=0)
 
 
+def _judgement(run_dir: str) -> Optional[Judgement]:
+    try:
+        return read_judgement(run_dir)
+    except JudgementError as exc:
+        raise SignatureError(str(exc)) from None
+
+
+def compare_configurations_of(
+    args: argparse.Namespace,
+    base: dict[int, Signature],
+    variant: dict[int, Signature],
+    kept: Optional[Judgement],
+) -> int:
+    """Two configurations of one training, every optimizer step over the global batch: as
+    the `@equivalent` item that kept the variant's run judged it (its steps, label and
+    names), else under the runs' own names over the baseline's steps."""
+    if args.split is not None:
+        raise SignatureError("--split: not taken when comparing configurations (nothing resumes)")
+    kept = kept if kept is not None and kept.check == EQUIVALENT else None
+    names = kept.names if kept is not None else {}
+    found = compare_configurations(
+        base,
+        variant,
+        args.steps or (kept.rules.steps if kept else _last_step(base)),
+        (names.get("baseline", args.uninterrupted), names.get("variant", args.resumed)),
+        *_configuration_rules(args, kept),
+    )
+    label = kept.label if kept else "compare"
+    print("\n".join(explained(found, diagnose_configurations(found), label)))
+    return EQUAL if found.equal else DIVERGED
+
+
+def _configuration_rules(
+    args: argparse.Namespace, kept: Optional[Judgement]
+) -> tuple[Optional[Tolerance], tuple[str, ...]]:
+    """The tolerance (None: the round-off bound) and the ignore= patterns two configurations
+    are compared under: `--tolerance` and `--ignore` where given, else the test's (its
+    marker's tolerance, unless exact: an `@equivalent` test's default is the round-off
+    bound)."""
+    rules = _tolerance(args.tolerance)
+    if rules:
+        tolerance: Optional[Tolerance] = Tolerance("custom", tuple(rules), tuple(rules))
+    else:
+        kept_tolerance = kept.rules.tolerance if kept is not None else None
+        tolerance = kept_tolerance if kept_tolerance and not kept_tolerance.exact else None
+    ignore = tuple(args.ignore) if args.ignore else (kept.rules.ignore if kept else ())
+    return tolerance, ignore
+
+
 def compare(args: argparse.Namespace) -> int:
     base = read_run(args.uninterrupted)
     res = read_run(args.resumed)
-    if args.configurations:
-        names = (args.uninterrupted, args.resumed)
-        found = compare_configurations(base, res, args.steps or _last_step(base), names)
-        print("\n".join(explained(found, diagnose_configurations(found), "compare")))
-        return EQUAL if found.equal else DIVERGED
-    try:
-        kept: Optional[Judgement] = read_judgement(args.resumed)
-    except JudgementError as exc:
-        raise SignatureError(str(exc)) from None
+    kept = _judgement(args.resumed)
+    if args.configurations or (kept is not None and kept.check == EQUIVALENT):
+        return compare_configurations_of(args, base, res, kept)
     split = args.split if args.split is not None else kept.split if kept else _split_of(res)
     if split is None:
         print(f"error: cannot tell the split of {args.resumed}; pass --split", file=sys.stderr)

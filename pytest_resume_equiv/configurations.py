@@ -11,24 +11,24 @@ import difflib
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from .compare.tolerance import Tolerance, parse_tolerance
 from .errors import SettingError
 from .marker import KEYWORDS, Configuration, Configurations, MarkerSpec, _int
 
 MARKER = "equivalent"
 MARKER_DOC = (
-    "equivalent(steps, baseline=None, variants, nproc=2, nnodes=1, timeout=None, env=None, "
-    'dropout="off"): '
+    "equivalent(steps, baseline=None, variants, nproc=2, nnodes=1, timeout=None, "
+    'tolerance="auto", env=None, ignore=None, auto=True, dropout="off"): '
     "run the test's training as the "
     "baseline configuration and as each named variant (dicts of nproc, nnodes, args, env), "
     "one test item per variant, and compare every optimizer step over the global batch"
 )
-SHARED = ("nproc", "nnodes", "timeout", "env")
-"""The resume marker's keywords an equivalence test takes, with the same meaning (this first
-version compares under its own round-off bound, with automatic recording on, nothing left
-out: `tolerance`, `ignore` and `auto` are not taken yet)."""
+SHARED = ("nproc", "nnodes", "timeout", "env", "ignore")
+"""The resume marker's keywords an equivalence test takes, with the same meaning (`ignore`:
+patterns of the compared quantities to leave out, said so in the report)."""
 KEYS = ("nproc", "nnodes", "args", "env")
 """What a configuration (the baseline, a variant) may set."""
-MARKER_KEYWORDS = ("steps", "baseline", "variants", *SHARED, "dropout")
+MARKER_KEYWORDS = ("steps", "baseline", "variants", *SHARED, "tolerance", "auto", "dropout")
 DROPOUT = ("off", "on")
 """`dropout=`: off (the default) makes every dropout an identity in both launches, as masks
 drawn per micro-batch cannot equal the big batch's; on keeps them."""
@@ -59,6 +59,18 @@ def _configuration(keyword: str, raw: Any, nproc: int, nnodes: int) -> Configura
     except SettingError as exc:
         raise _error(keyword, raw, str(exc).split(": ", 2)[-1]) from None
     return Configuration(*world, tuple(args), env)
+
+
+def _tolerance(kwargs: Mapping[str, Any]) -> Optional[Tolerance]:
+    """None for "auto" (the default: round-off bounded from the runs), else a tolerance as
+    the resume marker's (a profile, (rtol, atol), or {pattern: (rtol, atol)})."""
+    value = kwargs.get("tolerance", "auto")
+    if value == "auto":
+        return None
+    try:
+        return parse_tolerance(value)
+    except ValueError as exc:
+        raise _error("tolerance", value, f'"auto" (the default), or {exc}') from None
 
 
 def variant_names(kwargs: Mapping[str, Any]) -> list[str]:
@@ -96,7 +108,14 @@ def parse_equivalent(
         steps = _int("steps", 1)(kwargs["steps"])
     except SettingError as exc:
         raise SettingError(str(exc).replace("@resume_equivalent", "@equivalent", 1)) from None
-    spec = MarkerSpec(steps=steps, splits=(), **values)
+    spec = MarkerSpec(steps=steps, splits=(), tolerance=_tolerance(kwargs), **values)
+    if kwargs.get("auto", True) is not True:
+        raise _error(
+            "auto",
+            kwargs["auto"],
+            "an equivalence test reads what automatic recording sees (every optimizer step, "
+            "its gradients, its samples): only True is taken",
+        )
     variants = kwargs["variants"]
     if not isinstance(variants, Mapping) or not variants:
         raise _error("variants", variants, 'expected a non-empty dict, e.g. {"dp2": dict(nproc=2)}')

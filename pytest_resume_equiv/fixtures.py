@@ -24,7 +24,7 @@ from .launch.spec import Launcher
 from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.launch_context import LaunchContext
-from .report.plot import plot_split
+from .report.plot import plot_verdict
 from .report.records import RunRecord, TestRecord
 from .report.text import (
     format_launch_failure,
@@ -244,20 +244,12 @@ class ResumeEquiv:
         return f"{exc}\n  (run directories in {self.root.path}, {self.root.kept_text()})"
 
     def _plots(self, outcome: Outcome) -> list[str]:
-        """A PNG per diverged split (matplotlib installed, run directories kept)."""
+        """A PNG per diverged split or variant that differs (matplotlib installed, run
+        directories kept)."""
         if self.root.keep == "none":
             return []
-        paths = []
-        for verdict in outcome.verdicts:
-            if verdict.equal or verdict.signatures is None or verdict.comparison is None:
-                continue
-            div = verdict.comparison.divergence
-            rank = div.rank if div is not None else 0
-            path = os.path.join(self.root.path, f"plot-split{verdict.split}.png")
-            base, res = verdict.signatures
-            if plot_split(base, res, verdict.comparison.split, rank, path):
-                paths.append(path)
-        return paths
+        found = (plot_verdict(verdict, self.root.path) for verdict in outcome.verdicts)
+        return [path for path in found if path]
 
     def record(self, failed: bool) -> TestRecord:
         """This test's record for the summary table and the JSON report."""
@@ -269,14 +261,16 @@ class ResumeEquiv:
         else:
             verdict = "failed" if failed else "abstained" if abstained else "passed"
         marker = self.settings.marker
+        conf = marker.configurations
         return TestRecord(
             test=self.owner,
             outcome="failed" if failed else "passed",
             verdict=verdict,
             steps=marker.steps,
             splits=list(marker.splits),
-            ranks=marker.world_size,
+            ranks=conf.baseline.nproc * conf.baseline.nnodes if conf else marker.world_size,
             resumed_ranks=marker.resumed_world_size if marker.topology_changes else 0,
+            variant_ranks=conf.variant.nproc * conf.variant.nnodes if conf else 0,
             device=self.device.kind,
             wall_seconds=self.wall,
             runs=self.runs,

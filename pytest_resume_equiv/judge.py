@@ -20,7 +20,7 @@ from .errors import ResumeEquivError
 from .launch.running import LaunchResult
 from .plan import PlannedLaunch
 from .rank.run_dir import user_files
-from .report.replay import Judgement, write_judgement
+from .report.replay import judgement_of, write_judgement
 from .schedule import Job, Scheduler
 from .settings import TestSettings
 from .signature import SignatureError, read_run
@@ -173,10 +173,9 @@ class Judge:
 
     def reach(self, verdict: Verdict) -> None:
         self._reached.append(verdict)
-        if verdict.primary and verdict.split is not None and verdict.runs.get("resumed"):
-            runs = {k: v for k, v in verdict.runs.items() if k != "resumed"}
-            judgement = Judgement(verdict.check, verdict.split, verdict.label, self.rules, runs)
-            write_judgement(verdict.runs["resumed"], judgement)
+        kept = judgement_of(verdict, self.rules)
+        if kept is not None:
+            write_judgement(*kept)
         for check in self.plan.checks:
             if check.verdict is not verdict:
                 check.on_verdict(verdict, self)

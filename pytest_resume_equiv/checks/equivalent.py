@@ -99,18 +99,21 @@ class Equivalent(Check):
             return
         conf = judge.settings.marker.configurations
         assert conf is not None
+        baseline, variant = judge.signatures(self.baseline), judge.signatures(self.variant)
         found = compare_configurations(
-            judge.signatures(self.baseline),
-            judge.signatures(self.variant),
+            baseline,
+            variant,
             judge.settings.marker.steps,
             (conf.baseline.describe(), f"{conf.name} ({conf.variant.describe()})"),
+            judge.settings.marker.tolerance,
+            judge.settings.marker.ignore,
         )
         diagnosis = diagnose_configurations(found)
         verdict = Verdict(
             self.kind,
             status_of(found, diagnosis),
             f"variant {conf.name}",
-            0,
+            None,  # nothing resumes: no split
             diagnosis=diagnosis,
             facts=[found],
             primary=True,
@@ -118,6 +121,7 @@ class Equivalent(Check):
         )
         if verdict.status == "abstained":
             verdict.why = "dropout drew masks: the configurations cannot be compared"
+        verdict.signatures = (baseline, variant)  # the plot of both trajectories
         verdict.runs = {
             "baseline": self.baseline.spec.run_dir,
             "variant": self.variant.spec.run_dir,
@@ -139,8 +143,13 @@ class Equivalent(Check):
     @classmethod
     def proved(cls, verdict: Verdict) -> str:
         found = cls._facts(verdict)
-        if found is None or not found.equal:
+        if found is None:
             return super().proved(verdict)
+        if found.differences:
+            first = found.differences[0]
+            return (
+                f"{verdict.label} differs from the baseline from step {first.step} ({first.what})"
+            )
         return f"{verdict.label} equal to the baseline over {found.steps} steps"
 
     @classmethod

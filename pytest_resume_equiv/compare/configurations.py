@@ -14,12 +14,14 @@ reductions sum over its global batch; the bound grows with the steps already tak
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import facts
 from .global_step import GlobalStep, Run, global_steps, samples_key
 from .jsonable import NOT_IN_JSON
+from .tolerance import Tolerance, close, ignored
 
 FLOAT32_EPS = 2.0**-24
 """Float32's unit roundoff: what the records' floats (float32 tensors, statistics of them)
@@ -39,10 +41,11 @@ class Difference:
     relative: Optional[float] = None
     """For a number: the relative difference (against `bound`)."""
     bound: Optional[float] = None
+    bound_name: str = "round-off bound"
 
     def text(self) -> str:
         size = (
-            f" (relative {self.relative:.2g}, round-off bound {self.bound:.2g})"
+            f" (relative {self.relative:.2g}, {self.bound_name} {self.bound:.2g})"
             if self.relative is not None and self.bound is not None
             else ""
         )
@@ -69,6 +72,10 @@ class ConfigurationFacts:
     largest: float = 0.0
     """The largest relative difference of a number within its bound (what round-off did)."""
     samples_key: str = ""
+    tolerance: str = "auto"
+    """How numbers were judged: "auto" (the round-off bound) or the marker's tolerance."""
+    ignored: list[str] = field(default_factory=list)
+    """Quantities that differ and match an `ignore=` pattern: left out, said so."""
     dropout: dict[str, int] = field(default_factory=dict)
     """Dropout calls over both runs: `drawn` (masks drawn: dropout kept), `off` (made an
     identity: dropout="off")."""
@@ -95,16 +102,21 @@ class ConfigurationFacts:
                 f"{head}: equal over {self.steps} steps (exactly: step counts, learning rates, "
                 f"samples ({self.samples_key or 'none recorded'}); within round-off: loss, "
                 f"gradient, parameters; largest relative difference {self.largest:.2g})",
-                *self.dropout_lines(),
+                *self.said(),
             ]
         shown = self.differences[:SHOWN]
         more = len(self.differences) - len(shown)
         tail = [f"  (and {more} more quantities differ)"] if more else []
-        return [f"{head}: differs", *(f"  {d.text()}" for d in shown), *tail, *self.dropout_lines()]
+        return [f"{head}: differs", *(f"  {d.text()}" for d in shown), *tail, *self.said()]
 
-    def dropout_lines(self) -> list[str]:
-        """What was done with dropout, said where there was any."""
+    def said(self) -> list[str]:
+        """What the comparison let pass or changed, said where it did: a tolerance, ignored
+        quantities, dropout."""
         said = []
+        if self.tolerance != "auto":
+            said.append(f"  tolerance: {self.tolerance} (the marker's, instead of round-off)")
+        if self.ignored:
+            said.append(f"  ignored (ignore=): {', '.join(self.ignored[:SHOWN])}")
         if self.dropout.get("off"):
             said.append(
                 f"  dropout off: {self.dropout['off']} dropout calls made an identity in both "
@@ -120,10 +132,16 @@ class ConfigurationFacts:
 
 
 def compare_configurations(
-    baseline: Run, variant: Run, steps: int, names: tuple[str, str] = ("", "")
+    baseline: Run,
+    variant: Run,
+    steps: int,
+    names: tuple[str, str] = ("", ""),
+    tolerance: Optional[Tolerance] = None,
+    ignore: Sequence[str] = (),
 ) -> ConfigurationFacts:
-    """Every optimizer step of both runs, over the global batch."""
-    found = ConfigurationFacts(*names)
+    """Every optimizer step of both runs, over the global batch; numbers within `tolerance`
+    (None: the round-off bound), the quantities that match an `ignore` pattern left out."""
+    found = ConfigurationFacts(*names, tolerance=tolerance.describe() if tolerance else "auto")
     found.samples_key = samples_key(baseline)
     a = found.baseline_steps = global_steps(baseline, found.samples_key)
     b = found.variant_steps = global_steps(variant, found.samples_key)
@@ -134,14 +152,18 @@ def compare_configurations(
             break
         found.steps = step
         _exact(found, step, a[step], b[step])
-        _round_off(found, step, a[step], b[step])
+        _round_off(found, step, a[step], b[step], tolerance)
     if not any(a[s].samples or a[s].numbers or a[s].exact for s in a):
         found.differences.append(
             Difference("nothing recorded to compare", 1, "no samples, loss or parameters", "")
         )
     firsts: dict[str, Difference] = {}
     for difference in found.differences:  # one line per quantity: its first difference
-        firsts.setdefault(difference.what, difference)
+        if ignored(difference.what, ignore):
+            found.ignored.append(difference.what)
+        else:
+            firsts.setdefault(difference.what, difference)
+    found.ignored = sorted(set(found.ignored))
     found.differences = list(firsts.values())
     ranks = [r for run in (a, b) for g in run.values() for r in g.ranks.values()]
     drawn, off = sum(r.dropout for r in ranks), sum(r.dropout_off for r in ranks)
@@ -166,14 +188,36 @@ def _exact(found: ConfigurationFacts, step: int, a: GlobalStep, b: GlobalStep) -
             found.differences.append(Difference(key, step, a.exact.get(key), b.exact.get(key)))
 
 
-def _round_off(found: ConfigurationFacts, step: int, a: GlobalStep, b: GlobalStep) -> None:
-    """Numbers within `bound` relative: FLOAT32_EPS x the global batch x the steps taken."""
+FIRST = ("loss", "gradient")
+"""The numbers a report lists first at a step: what the step computed, then what it changed."""
+
+
+def _in_order(key: str) -> tuple[int, str]:
+    return (FIRST.index(key) if key in FIRST else len(FIRST), key)
+
+
+def _round_off(
+    found: ConfigurationFacts,
+    step: int,
+    a: GlobalStep,
+    b: GlobalStep,
+    tolerance: Optional[Tolerance],
+) -> None:
+    """Numbers within `bound` relative: FLOAT32_EPS x the global batch x the steps taken, or
+    within the marker's `tolerance` where it gives one."""
     bound = FLOAT32_EPS * max(a.batch, 1) * step
-    for key in sorted(set(a.numbers) & set(b.numbers)):
+    for key in sorted(set(a.numbers) & set(b.numbers), key=_in_order):
         x, y = a.numbers[key], b.numbers[key]
         scale = max(abs(x), abs(y))
         relative = abs(x - y) / scale if scale > 0 else 0.0
-        if not math.isfinite(relative) or relative > bound:
-            found.differences.append(Difference(key, step, x, y, relative, bound))
+        if tolerance is not None:
+            pair = tolerance.for_key(key, step, 0)
+            within = x == y or close(y, x, pair)
+            bound = pair[0] if pair else 0.0
+        else:
+            within = math.isfinite(relative) and relative <= bound
+        if not within:
+            name = "round-off bound" if tolerance is None else "tolerance rtol"
+            found.differences.append(Difference(key, step, x, y, relative, bound, name))
         else:
             found.largest = max(found.largest, relative)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..checks import Verdict, kind_of
 from ..checks.base import Outcome
+from ..compare.configurations import ConfigurationFacts
 from ..compare.jsonable import to_json
 from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch
@@ -83,6 +84,9 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
     data = to_json(verdict)
     if not verdict.primary:
         return data
+    found = next((f for f in verdict.facts if isinstance(f, ConfigurationFacts)), None)
+    if verdict.comparison is None and found is not None:  # an equivalence test's variant
+        return {**configurations_json(found), **data}
     cmp = verdict.comparison
     div = cmp.divergence if cmp is not None else None
     first = None
@@ -108,6 +112,39 @@ def verdict_json(verdict: Verdict) -> dict[str, Any]:
         "topology": words.get("topology", []),
         **data,
     }
+
+
+def configurations_json(found: ConfigurationFacts) -> dict[str, Any]:
+    """An equivalence test's verdict under the resume's keys: equal, the steps compared, the
+    first difference by role (`baseline`, `variant`, readable, with the relative difference
+    and its round-off bound for a number), every quantity that differs (over the global
+    batch: no rank)."""
+    first = found.differences[0] if found.differences else None
+    return {
+        "split": None,
+        "equal": found.equal,
+        "compared_steps": found.steps,
+        "problems": [],
+        "first_divergence": None
+        if first is None
+        else {
+            "step": first.step,
+            "rank": None,
+            "key": first.what,
+            "baseline": _plain(first.baseline),
+            "variant": _plain(first.variant),
+            "relative": first.relative,
+            "bound": first.bound,
+        },
+        "divergent_keys": {"global batch": [d.what for d in found.differences]} if first else {},
+        "data": [],
+        "topology": [],
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A number or a text as it is, anything else (encoded floats, tensors) readable."""
+    return value if value is None or isinstance(value, (bool, int, float, str)) else readable(value)
 
 
 @dataclass
@@ -205,10 +242,15 @@ class TestRecord:
     runs: list[RunRecord]
     resumed_ranks: int = 0
     """The resumed launches' world size when it differs (resume_nproc=); 0 otherwise."""
+    variant_ranks: int = 0
+    """An equivalence test's variant's world size (`ranks`: the baseline's); 0 otherwise."""
 
     @property
     def ranks_text(self) -> str:
-        """ "2", or "2->1" for a resume on another topology."""
+        """ "2", "2->1" for a resume on another topology, "1 vs 2" for a baseline and its
+        variant."""
+        if self.variant_ranks:
+            return f"{self.ranks} vs {self.variant_ranks}"
         return f"{self.ranks}->{self.resumed_ranks}" if self.resumed_ranks else str(self.ranks)
 
     @property
@@ -250,7 +292,8 @@ class TestRecord:
     def junit_properties(self) -> list[tuple[str, Any]]:
         """The test's properties in JUnit XML (strings; lists joined by " | ")."""
         causes = [
-            f"split {v.split}: {v.diagnosis.bug_class}: {v.diagnosis.text()}"
+            f"{f'split {v.split}' if v.split is not None else v.label}: "
+            f"{v.diagnosis.bug_class}: {v.diagnosis.text()}"
             for run in self.runs
             for v in run.verdicts
             if v.primary and v.diagnosis is not None

@@ -1,7 +1,9 @@
-"""What shaped a resume's verdict, kept in the resumed run directory: the check, the split,
-its label, the comparison rules (steps, tolerance, ignore, strict-latent) and the run
-directories it was compared with. The offline `python -m pytest_resume_equiv compare` reads
-it, so on the run directories a test kept it gives that test's verdict and text.
+"""What shaped a verdict, kept in the judged run directory (a resume's resumed run, an
+equivalence test's variant): the check, the split, its label, the comparison rules (steps,
+tolerance, ignore, strict-latent), the run directories it was compared with and, for an
+equivalence test, how the report names both configurations. The offline
+`python -m pytest_resume_equiv compare` reads it, so on the run directories a test kept it
+gives that test's verdict and text.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..checks import Verdict
+from ..compare.configurations import ConfigurationFacts
 from ..compare.jsonable import from_json, to_json
 from ..compare.tolerance import ComparisonRules
 
@@ -30,7 +34,11 @@ class Judgement:
     label: str
     rules: ComparisonRules
     runs: dict[str, str] = field(default_factory=dict)
-    """The run directories it was compared with, by role ("uninterrupted", "envelope")."""
+    """The run directories it was compared with, by role ("uninterrupted", "envelope",
+    "baseline")."""
+    names: dict[str, str] = field(default_factory=dict)
+    """An equivalence test's configurations as its report names them, by role ("baseline",
+    "variant"); empty for a resume."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,7 +49,26 @@ class Judgement:
             "label": self.label,
             "rules": to_json(self.rules),
             "runs": dict(self.runs),
+            "names": dict(self.names),
         }
+
+
+JUDGED_ROLES = ("resumed", "variant")
+"""The role of the run a verdict judged, whose directory keeps its judgement."""
+
+
+def judgement_of(verdict: Verdict, rules: ComparisonRules) -> Optional[tuple[str, Judgement]]:
+    """(the judged run directory, its judgement) for a verdict that judged a run: a resume
+    (its split), or an equivalence test's variant (against the baseline); None for any
+    other."""
+    role = next((r for r in JUDGED_ROLES if verdict.runs.get(r)), "")
+    if not verdict.primary or not role or (role == "resumed" and verdict.split is None):
+        return None
+    found = next((f for f in verdict.facts if isinstance(f, ConfigurationFacts)), None)
+    names = {"baseline": found.baseline, "variant": found.variant} if found else {}
+    runs = {k: v for k, v in verdict.runs.items() if k != role}
+    judgement = Judgement(verdict.check, verdict.split or 0, verdict.label, rules, runs, names)
+    return verdict.runs[role], judgement
 
 
 def judgement_path(run_dir: str) -> str:
@@ -84,6 +111,7 @@ def read_judgement(run_dir: str) -> Optional[Judgement]:
             label=str(data["label"]),
             rules=from_json(ComparisonRules, data["rules"], f"{path}: rules"),
             runs={str(k): str(v) for k, v in data.get("runs", {}).items()},
+            names={str(k): str(v) for k, v in data.get("names", {}).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise JudgementError(f"{path}: malformed judgement ({exc!r})") from None

@@ -37,7 +37,10 @@ def test_each_variant_is_an_item_compared_with_the_baseline():
         ({"steps": 4, "variants": {"a": dict(ranks=2)}}, "unknown key 'ranks'"),
         ({"steps": 4, "variants": {"a": {}}}, "equals the baseline: nothing to compare"),
         ({"steps": 4, "variants": VARIANTS, "timeout": -1}, "@equivalent: invalid timeout=-1"),
-        ({"steps": 4, "variants": VARIANTS, "tolerance": "cpu"}, "unknown keyword 'tolerance'"),
+        ({"steps": 4, "variants": VARIANTS, "tolerance": "cpu"}, "invalid tolerance='cpu'"),
+        ({"steps": 4, "variants": VARIANTS, "auto": False}, "invalid auto=False"),
+        ({"steps": 4, "variants": VARIANTS, "dropout": "no"}, 'expected "off"'),
+        ({"steps": 4, "variants": VARIANTS, "ignore": [3]}, "@equivalent: invalid ignore=[3]"),
     ],
 )
 def test_a_bad_marker_names_the_keyword_and_the_value(kwargs, says):
@@ -130,6 +133,20 @@ def test_round_off_is_bounded_by_the_global_batch_and_the_steps_taken():
     found = compare_configurations(BASE, beyond, 1)
     assert [d.what for d in found.differences] == ["loss"]
     assert found.differences[0].bound == pytest.approx(bound)
+
+
+def test_a_tolerance_replaces_the_round_off_bound_and_ignored_quantities_are_said():
+    loose = {0: sig(0, 1, {1: step_values([0.5 * 1.001], [1, 2, 3, 4], lr=0.2)})}
+    marker = parse_equivalent(
+        (), {"steps": 1, "variants": VARIANTS, "tolerance": (1e-2, 0)}, "acc4"
+    )
+    assert marker.tolerance is not None
+    found = compare_configurations(BASE, loose, 1, tolerance=marker.tolerance)
+    assert [d.what for d in found.differences] == ["watch:opt.lr"]  # exact stays exact
+    found = compare_configurations(BASE, loose, 1, ignore=["watch:opt.*", "loss"])
+    assert found.equal and found.ignored == ["loss", "watch:opt.lr"]
+    assert "  ignored (ignore=): loss, watch:opt.lr" in found.lines("v")
+    assert parse_equivalent((), {"steps": 1, "variants": VARIANTS}, "acc4").tolerance is None
 
 
 def test_sharded_statistics_are_combined_and_replicated_ones_taken_once():

@@ -111,6 +111,7 @@ RULES = ComparisonRules(6, PROFILES["standard"], ("watch:*",), True)
 
 KEYS = {
     "TestRecord": "test outcome verdict steps splits ranks device wall_seconds runs resumed_ranks "
+    "variant_ranks "
     "launches reused_launches first_divergence",
     "RunRecord": "plan launches verdicts checks teeth control failure warnings ignored plots",
     "LaunchRecord": "name role ranks seconds startup_overlapped reused_from ok status timed_out "

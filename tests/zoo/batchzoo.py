@@ -42,6 +42,8 @@ no-sync-bn (with --bn), 43 local-shard-clip (with --fsdp). `--dropout P` draws m
 micro-batch and rank: not a bug, but another world size trains otherwise then (class 42; on
 CPU, one rank's micro-batches draw the very masks of the whole batch, the generator being
 sequential). BatchNorm with --accum differs by construction too: statistics per micro-batch.
+`--compile BACKEND` compiles the model (DDP or FSDP2 included) with torch.compile: the same
+training, its sums in another order.
 """
 
 import argparse
@@ -166,6 +168,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP")
     p.add_argument("--clip", type=float, default=None, help="max grad norm; 0: no clipping")
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument(
+        "--compile", default="", help="torch.compile the model with this backend (inductor, ...)"
+    )
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bug", choices=sorted(BUGS), default="none")
@@ -229,6 +234,8 @@ def main() -> None:
         trained = model
     else:
         trained = nn.parallel.DistributedDataParallel(model)
+    if args.compile:
+        trained = torch.compile(trained, backend=args.compile)
     model.train()
     torch.manual_seed(SEED + 1 + rank)  # dropout: each rank its own masks
 
