@@ -120,7 +120,8 @@ class Equivalent(Check):
             launch=self.variant.name,
         )
         if verdict.status == "abstained":
-            verdict.why = "dropout drew masks: the configurations cannot be compared"
+            assert diagnosis is not None  # abstained: dropout's draws explain the difference
+            verdict.why = diagnosis.cause
         verdict.signatures = (baseline, variant)  # the plot of both trajectories
         verdict.runs = {
             "baseline": self.baseline.spec.run_dir,
@@ -154,6 +155,9 @@ class Equivalent(Check):
 
     @classmethod
     def head(cls, verdict: Verdict, outcome: Outcome) -> list[str]:
+        found = cls._facts(verdict)
+        if found is not None and found.short:
+            return ["the trainer ran fewer optimizer steps than the marker's steps="]
         return ["the variant does not train the same model as the baseline"]
 
     @classmethod

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..rank.encode import decode_float
 from . import facts
 from .global_step import GlobalStep, Run, global_steps, samples_key
 from .jsonable import NOT_IN_JSON
@@ -26,6 +27,13 @@ from .tolerance import Tolerance, close, ignored
 FLOAT32_EPS = 2.0**-24
 """Float32's unit roundoff: what the records' floats (float32 tensors, statistics of them)
 resolve."""
+SHORT = "optimizer steps run"
+"""The difference said when neither configuration recorded a step the marker asks for."""
+NEAR_ZERO = 1e-3
+"""A number below this fraction of the largest of its kind at its step (a parameter's norm
+or largest magnitude, a buffer's, a gradient's) is judged on that scale: a tensor that only
+round-off moves (a bias whose true gradient is zero, updated by the optimizer from noise)
+has a large relative difference that is nothing."""
 SHOWN = 5
 """Differences listed in a report, the first of each quantity in step order."""
 
@@ -56,6 +64,13 @@ class Difference:
 
 
 def _show(value: Any) -> str:
+    """A value as a report says it: floats to 9 digits, encoded floats (a learning rate's
+    exact bits) by their value."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    number = decode_float(value)
+    if number is not None:
+        return repr(number)
     return f"{value:.9g}" if isinstance(value, float) else str(value)
 
 
@@ -76,6 +91,8 @@ class ConfigurationFacts:
     """How numbers were judged: "auto" (the round-off bound) or the marker's tolerance."""
     ignored: list[str] = field(default_factory=list)
     """Quantities that differ and match an `ignore=` pattern: left out, said so."""
+    ignore: list[str] = field(default_factory=list)
+    """The `ignore=` patterns (the diagnosis reads no evidence they leave out)."""
     dropout: dict[str, int] = field(default_factory=dict)
     """Dropout calls over both runs: `drawn` (masks drawn: dropout kept), `off` (made an
     identity: dropout="off")."""
@@ -92,6 +109,12 @@ class ConfigurationFacts:
     def equal(self) -> bool:
         return not self.differences
 
+    @property
+    def short(self) -> bool:
+        """Neither configuration ran the marker's steps: the test asks for more steps than
+        the trainer trains (no difference between the configurations)."""
+        return any(d.what == SHORT for d in self.differences)
+
     def steps_of(self, role: str) -> dict[int, GlobalStep]:
         return self.baseline_steps if role == "baseline" else self.variant_steps
 
@@ -100,7 +123,8 @@ class ConfigurationFacts:
         if self.equal:
             return [
                 f"{head}: equal over {self.steps} steps (exactly: step counts, learning rates, "
-                f"samples ({self.samples_key or 'none recorded'}); within round-off: loss, "
+                f"samples ({self.samples_key or 'none recorded'}); within "
+                f"{'round-off' if self.tolerance == 'auto' else 'the tolerance'}: loss, "
                 f"gradient, parameters; largest relative difference {self.largest:.2g})",
                 *self.said(),
             ]
@@ -113,6 +137,12 @@ class ConfigurationFacts:
         """What the comparison let pass or changed, said where it did: a tolerance, ignored
         quantities, dropout."""
         said = []
+        if self.short:
+            said.append(
+                "  neither configuration ran the steps the marker asks for: the trainer must "
+                "train exactly steps= optimizer steps (pass {steps} to it), or set steps= to "
+                "what it trains"
+            )
         if self.tolerance != "auto":
             said.append(f"  tolerance: {self.tolerance} (the marker's, instead of round-off)")
         if self.ignored:
@@ -141,11 +171,17 @@ def compare_configurations(
 ) -> ConfigurationFacts:
     """Every optimizer step of both runs, over the global batch; numbers within `tolerance`
     (None: the round-off bound), the quantities that match an `ignore` pattern left out."""
-    found = ConfigurationFacts(*names, tolerance=tolerance.describe() if tolerance else "auto")
+    found = ConfigurationFacts(
+        *names, tolerance=tolerance.describe() if tolerance else "auto", ignore=list(ignore)
+    )
     found.samples_key = samples_key(baseline)
     a = found.baseline_steps = global_steps(baseline, found.samples_key)
     b = found.variant_steps = global_steps(variant, found.samples_key)
     for step in range(1, steps + 1):
+        if step not in a and step not in b:  # the trainer stops before the marker's steps
+            ran = (f"{max(a, default=0)} of {steps}", f"{max(b, default=0)} of {steps}")
+            found.differences.append(Difference(SHORT, step, *ran))
+            break
         if step not in a or step not in b:
             recorded = ("recorded" if step in a else "none", "recorded" if step in b else "none")
             found.differences.append(Difference("the step's records", step, *recorded))
@@ -196,6 +232,13 @@ def _in_order(key: str) -> tuple[int, str]:
     return (FIRST.index(key) if key in FIRST else len(FIRST), key)
 
 
+def _kind(key: str) -> str:
+    """What a number is, whichever tensor: `model.params[...].norm`, `gradient[...]`."""
+    if "[" not in key:
+        return key
+    return key[: key.index("[")] + "[]" + key[key.rindex("]") + 1 :]
+
+
 def _round_off(
     found: ConfigurationFacts,
     step: int,
@@ -206,9 +249,14 @@ def _round_off(
     """Numbers within `bound` relative: FLOAT32_EPS x the global batch x the steps taken, or
     within the marker's `tolerance` where it gives one."""
     bound = FLOAT32_EPS * max(a.batch, 1) * step
-    for key in sorted(set(a.numbers) & set(b.numbers), key=_in_order):
+    keys = sorted(set(a.numbers) & set(b.numbers), key=_in_order)
+    largest: dict[str, float] = {}
+    for key in keys:
+        kind = _kind(key)
+        largest[kind] = max(largest.get(kind, 0.0), abs(a.numbers[key]), abs(b.numbers[key]))
+    for key in keys:
         x, y = a.numbers[key], b.numbers[key]
-        scale = max(abs(x), abs(y))
+        scale = max(abs(x), abs(y), NEAR_ZERO * largest[_kind(key)])
         relative = abs(x - y) / scale if scale > 0 else 0.0
         if tolerance is not None:
             pair = tolerance.for_key(key, step, 0)

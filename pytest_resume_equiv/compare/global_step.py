@@ -25,6 +25,9 @@ Run = dict[int, Signature]
 EXACT_PARTS = ("lr", "last_lr", "last_epoch")
 """Watched parts every configuration must give the same at every step."""
 FLOAT_PARTS = ("params", "buffers")
+UNPADDED_KEY = audit_key(AUTO, "samples")
+"""An equivalence launch's sample ids from each sample's unpadded tokens (rank/sketch.py):
+the same under any batching, where dynamic padding changes the padded rows."""
 
 
 def auto(name: str) -> str:
@@ -41,6 +44,8 @@ class RankStep:
     before: list[float] = field(default_factory=list)
     after: list[float] = field(default_factory=list)
     stepped: Optional[float] = None
+    per_tensor: dict[str, float] = field(default_factory=dict)
+    """Each parameter's stepped gradient's squared norm (its local shard's), by plain name."""
     sharded: bool = False
     tokens: list[float] = field(default_factory=list)
     samples: Counter = field(default_factory=Counter)
@@ -104,6 +109,10 @@ def global_steps(run: Run, samples_key: str) -> dict[int, GlobalStep]:
         gradient = g.whole({n: r.stepped for n, r in g.ranks.items()})
         if gradient is not None:
             g.numbers["gradient"] = gradient
+        for name in sorted({k for r in ranks for k in r.per_tensor}):
+            one = g.whole({n: r.per_tensor.get(name) for n, r in g.ranks.items()})
+            if one is not None:
+                g.numbers[f"gradient[{name!r}]"] = one
         by_name: dict[str, list[dict]] = {}
         for r in ranks:
             for name, stats in r.tensors.items():
@@ -125,6 +134,7 @@ def _rank_step(values: dict[str, Any], samples_key: str) -> RankStep:
         before=_floats(values.get(auto("grad_before"))),
         after=_floats(values.get(auto("grad_after"))),
         stepped=stepped[0] if stepped else None,
+        per_tensor=_per_tensor(values.get(auto("grad_tensors"))),
         sharded=values.get(auto("grad_sharded")) is True,
         tokens=_floats(values.get(auto("tokens"))),
         samples=Counter(ids_of(values.get(samples_key)) or []) if samples_key else Counter(),
@@ -137,6 +147,11 @@ def _rank_step(values: dict[str, Any], samples_key: str) -> RankStep:
             if section_of(k) == WATCH and watched(k)[1] == "last_epoch"
         },
     )
+
+
+def _per_tensor(value: Any) -> dict[str, float]:
+    numbers = {plain(k): scalar(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    return {k: v for k, v in numbers.items() if v is not None}
 
 
 def _count(value: Any) -> int:
@@ -213,10 +228,11 @@ def plain(name: str) -> str:
 
 def samples_key(run: Run) -> str:
     """The identity key the samples are counted by: the trainer's sample ids, else the
-    model's inputs (every forward's: a window of micro-batches fetched ahead gives the
-    loader's batches to its first forward only), else the batches a DataLoader yielded."""
+    samples' unpadded tokens (a batch with a mask), else the model's inputs (every
+    forward's: a window of micro-batches fetched ahead gives the loader's batches to its
+    first forward only), else the batches a DataLoader yielded."""
     keys = {k for sig in run.values() for _, values in sig.steps for k in values}
     own = sorted(k for k in keys if not is_audit_key(k) and is_identity_key(k))
     if own:
         return own[0]
-    return next((k for k in (CONTENT_KEY, BATCH_KEY) if k in keys), "")
+    return next((k for k in (UNPADDED_KEY, CONTENT_KEY, BATCH_KEY) if k in keys), "")

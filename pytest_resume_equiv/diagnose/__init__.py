@@ -45,7 +45,18 @@ def cause(of: Stage, subject: object) -> Optional[Diagnosis]:
 
 def diagnose_configurations(found: ConfigurationFacts) -> Optional[Diagnosis]:
     """The likely cause of a difference between two configurations (None when equal)."""
-    return None if found.equal else first(stage(Stage.CONFIGURATION), found)
+    if found.equal or found.short:
+        return None
+    rules = stage(Stage.CONFIGURATION)
+    chosen = first(rules, found)
+    assert chosen is not None, "the configuration stage ends with a rule that always answers"
+    for rule in rules:  # the other causes the evidence shows, said beside the first
+        if rule.id != chosen.rule and not rule.always:
+            also = rule.find(found)
+            if also is not None:
+                said = rule.diagnosis(also)
+                chosen.notes.append(f"also ({said.bug_class}): {said.text()}")
+    return chosen
 
 
 def diagnose(

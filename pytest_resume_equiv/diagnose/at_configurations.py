@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from typing import Optional
 
 from ..compare.configurations import ConfigurationFacts
-from ..compare.global_step import GlobalStep
 from .classes import (
     CLIPPING_ON_LOCAL_SHARDS,
     CLIPPING_PER_MICRO_STEP,
@@ -32,46 +31,11 @@ from .classes import (
     GRADIENTS_ZEROED_IN_WINDOW,
     LOSS_NOT_SCALED_BY_ACCUMULATION,
     LOSS_SCALED_BY_WORLD_SIZE,
-    PER_RANK_BATCH_STATISTICS,
-    SAME_DATA_ON_EVERY_RANK,
-    SCHEDULER_PER_MICRO_STEP,
     TOKEN_MEAN_PER_MICRO_BATCH,
     UNKNOWN,
 )
-from .rules import Finding, Rule, Stage
-
-CLOSE = 1e-3
-"""Relative: a ratio is the accumulation or the world size when it is this close to it (the
-round-off of two batchings is about 1e-7; the bugs differ by 1e-3 and more)."""
-SAME = 1e-6
-"""Relative: two of one rank's squared norms taken with nothing done in between agree to
-this (the same tensors summed twice)."""
-ROLES = ("variant", "baseline")
-"""The runs a rule looks into, the variant first (the baseline is usually the plain one)."""
-
-
-def _first_step(facts: ConfigurationFacts) -> int:
-    return min((d.step for d in facts.differences), default=0)
-
-
-def _runs(facts: ConfigurationFacts) -> Iterator[tuple[str, dict[int, GlobalStep]]]:
-    for role, steps in zip(ROLES, (facts.variant_steps, facts.baseline_steps)):
-        if steps:
-            yield role, steps
-
-
-def _until_first(facts: ConfigurationFacts) -> Iterator[tuple[str, int, GlobalStep]]:
-    """Each run's steps up to the first that differs: evidence from before the difference
-    spread."""
-    last = _first_step(facts)
-    for role, steps in _runs(facts):
-        for step in sorted(s for s in steps if s <= last):
-            yield role, step, steps[step]
-
-
-def _close(x: float, y: float, within: float = CLOSE) -> bool:
-    return abs(x - y) <= within * max(abs(x), abs(y))
-
+from .config_evidence import ROLES, SAME, STAGE, close, first_step, runs, until_first
+from .rules import Finding, Rule
 
 # -- dropout kept: the masks differ by construction ---------------------------------------
 
@@ -82,11 +46,11 @@ def drawn_by_construction(facts: ConfigurationFacts) -> Optional[Finding]:
     if not facts.dropout.get("drawn") or facts.equal:
         return None
     counts = {role: 0 for role in ROLES}
-    for role, _, g in _until_first(facts):
+    for role, _, g in until_first(facts):
         counts[role] += sum(r.dropout for r in g.ranks.values())
     if not any(counts.values()):
         return None
-    return Finding("", {"calls": counts, "step": _first_step(facts)})
+    return Finding("", {"calls": counts, "step": first_step(facts)})
 
 
 def _drawn_words(f: Finding) -> str:
@@ -105,11 +69,11 @@ def _drawn_words(f: Finding) -> str:
 def _between_backwards(facts: ConfigurationFacts) -> Iterator[tuple[str, int, int, int, float]]:
     """(run, step, rank, backward, factor): the gradient's norm before backward `backward`
     (from 2) as a factor of its norm after the previous one, where they differ."""
-    for role, step, g in _until_first(facts):
+    for role, step, g in until_first(facts):
         for rank, r in sorted(g.ranks.items()):
             for i in range(1, min(len(r.before), len(r.after) + 1)):
                 after, before = r.after[i - 1], r.before[i]
-                if after > 0 and not _close(before, after, SAME):
+                if after > 0 and not close(before, after, SAME):
                     yield role, step, rank, i + 1, math.sqrt(before / after)
 
 
@@ -163,14 +127,14 @@ def clipped_by_own_shards(facts: ConfigurationFacts) -> Optional[Finding]:
     """Between the last backward and the optimizer step the ranks scaled their gradients by
     different factors, at least one below 1: each rank clipped by the norm of its own shards,
     not of the whole gradient (one factor for all when it clips by the whole gradient)."""
-    for role, step, g in _until_first(facts):
+    for role, step, g in until_first(facts):
         factors = {
             rank: math.sqrt(r.stepped / r.window)
             for rank, r in sorted(g.ranks.items())
             if r.stepped is not None and r.window
         }
         values = list(factors.values())
-        if len(values) > 1 and min(values) < 1 - SAME and not _close(min(values), max(values)):
+        if len(values) > 1 and min(values) < 1 - SAME and not close(min(values), max(values)):
             shown = {str(k): round(v, 4) for k, v in factors.items()}
             return Finding(f"{role}, step {step}", {"role": role, "factors": shown})
     return None
@@ -185,81 +149,6 @@ def _own_shards_words(f: Finding) -> str:
     )
 
 
-# -- counters, samples, buffers ---------------------------------------------------------------
-
-
-def scheduler_per_micro_step(facts: ConfigurationFacts) -> Optional[Finding]:
-    """A scheduler's `last_epoch` at the first differing step is the other run's times the
-    ratio of backwards per optimizer step (k > 1): it steps once per backward."""
-    step = _first_step(facts)
-    a, b = facts.baseline_steps.get(step), facts.variant_steps.get(step)
-    if a is None or b is None or not a.ranks or not b.ranks:
-        return None
-    ra, rb = a.ranks[min(a.ranks)], b.ranks[min(b.ranks)]
-    for name, epoch in rb.last_epochs.items():
-        other = ra.last_epochs.get(name)
-        if not isinstance(epoch, int) or not isinstance(other, int) or epoch == other:
-            continue
-        for role, (x, y), k in (
-            ("variant", (epoch, other), rb.backwards / max(ra.backwards, 1)),
-            ("baseline", (other, epoch), ra.backwards / max(rb.backwards, 1)),
-        ):
-            if k > 1 and y > 0 and _close(x / y, k):
-                evidence = {"role": role, "scheduler": name, "epochs": [x, y], "k": round(k)}
-                return Finding(f"{role}, step {step}", evidence)
-    return None
-
-
-def _scheduler_words(f: Finding) -> str:
-    x, y = f["epochs"]
-    return (
-        f"{f['scheduler']} counted {x} steps where the other configuration counted {y}: it steps "
-        f"once per backward ({f['k']} per optimizer step), so the learning-rate sequence runs "
-        f"{f['k']} times fast"
-    )
-
-
-def same_data_on_every_rank(facts: ConfigurationFacts) -> Optional[Finding]:
-    """Every rank of a run consumed the very same samples at a step: the global batch holds
-    each of them once per rank, and the samples the other ranks should take never."""
-    for role, step, g in _until_first(facts):
-        shares = [r.samples for _, r in sorted(g.ranks.items())]
-        if len(shares) > 1 and shares[0] and all(s == shares[0] for s in shares):
-            size = sum(shares[0].values())
-            return Finding(f"{role}, step {step}", {"role": role, "ranks": len(shares), "n": size})
-    return None
-
-
-def _same_data_words(f: Finding) -> str:
-    return (
-        f"every one of the {f['ranks']} ranks consumed the same {f['n']} samples: the global "
-        f"batch holds each of them {f['ranks']} times, and the samples the other ranks should "
-        "take never"
-    )
-
-
-def per_rank_buffers(facts: ConfigurationFacts) -> Optional[Finding]:
-    """A buffer differs between the ranks of a run after a step (the samples the ranks took
-    differ): each rank keeps statistics of its own part of the batch (BatchNorm without
-    SyncBatchNorm), where a data-parallel model's buffers are one."""
-    for role, step, g in _until_first(facts):
-        if len(g.ranks) < 2:
-            continue
-        ranks = [r for _, r in sorted(g.ranks.items())]
-        names = sorted(n for n in ranks[0].tensors if ".buffers[" in n)
-        differ = [n for n in names if any(r.tensors.get(n) != ranks[0].tensors[n] for r in ranks)]
-        if differ:
-            return Finding(f"{role}, after step {step}", {"role": role, "buffers": differ[:3]})
-    return None
-
-
-def _buffers_words(f: Finding) -> str:
-    return (
-        f"the buffers {', '.join(f['buffers'])} differ between the ranks: each rank keeps "
-        "statistics of its own part of the global batch (BatchNorm without SyncBatchNorm)"
-    )
-
-
 # -- the step's loss and gradient as functions of the batching -------------------------------
 
 
@@ -268,8 +157,8 @@ def token_mean_per_micro_batch(facts: ConfigurationFacts) -> Optional[Finding]:
     tokens (each times its rank's backwards: a micro-batch's own token mean) give the other
     run's loss at the first differing step, and unweighted they do not: a mean of per-micro-
     batch token means, not the global batch's token mean."""
-    step = _first_step(facts)
-    for role, steps in _runs(facts):
+    step = first_step(facts)
+    for role, steps in runs(facts):
         other = facts.steps_of("baseline" if role == "variant" else "variant").get(step)
         g = steps.get(step)
         if g is None or other is None or "loss" not in other.numbers:
@@ -282,7 +171,7 @@ def token_mean_per_micro_batch(facts: ConfigurationFacts) -> Optional[Finding]:
         weighted = sum(r.backwards * x * n for r in ranks for x, n in zip(r.losses, r.tokens))
         weighted /= sum(n for r in ranks for n in r.tokens)
         target, plain = other.numbers["loss"], g.numbers.get("loss", math.nan)
-        if _close(weighted, target, 1e-5) and not _close(plain, target, 1e-5):
+        if close(weighted, target, 1e-5) and not close(plain, target, 1e-5):
             tokens = [int(n) for r in ranks for n in r.tokens]
             evidence = {"role": role, "tokens": tokens[:8], "loss": [plain, weighted, target]}
             return Finding(f"{role}, step {step}", evidence)
@@ -298,63 +187,70 @@ def _token_words(f: Finding) -> str:
     )
 
 
-def _window_ratio(facts: ConfigurationFacts) -> Optional[tuple[int, float, float, float]]:
-    """(step, the variant's window gradient over the baseline's, the accumulation ratio, the
-    world-size ratio) at the first step both recorded: the same parameters in both."""
+def _window_ratio(facts: ConfigurationFacts, by_ranks: bool) -> Optional[Finding]:
+    """At the first step both recorded (the same parameters in both, the same samples: like
+    with like), one run's window gradient is the other's times their ratio of backwards per
+    step (`by_ranks`: of ranks), that ratio above 1 and not the other one. The run with the
+    larger gradient is named."""
     both = sorted(set(facts.baseline_steps) & set(facts.variant_steps))
-    if not both:
+    if not both or facts.equal:
         return None
     step = both[0]
     a, b = facts.baseline_steps[step], facts.variant_steps[step]
+    if a.samples != b.samples or not a.ranks or not b.ranks:
+        return None
     ga = a.whole({n: r.window for n, r in a.ranks.items()})
     gb = b.whole({n: r.window for n, r in b.ranks.items()})
-    if not ga or gb is None or not a.ranks or not b.ranks:
-        return None
     ka, kb = a.ranks[min(a.ranks)].backwards, b.ranks[min(b.ranks)].backwards
-    if not ka or not kb:
+    if not ga or not gb or not ka or not kb:
         return None
-    return step, gb / ga, kb / ka, len(b.ranks) / len(a.ranks)
-
-
-def loss_not_scaled_by_accumulation(facts: ConfigurationFacts) -> Optional[Finding]:
-    """At the first step (the same parameters in both) the variant's window gradient is the
-    baseline's times its ratio of accumulation steps, which is not the ratio of world sizes:
-    each micro-batch's loss is not divided by the accumulation steps."""
-    found = _window_ratio(facts)
-    if found is None or facts.equal:
-        return None
-    step, ratio, k, w = found
-    if k != 1 and not _close(k, w) and _close(ratio, k):
-        return Finding(f"step {step}", {"ratio": round(ratio, 4), "k": k})
+    backwards = (kb / ka, (kb, ka))
+    ranks = (len(b.ranks) / len(a.ranks), (len(b.ranks), len(a.ranks)))
+    (k, counts), (o, _) = (ranks, backwards) if by_ranks else (backwards, ranks)
+    for role, ratio, factor, other, (mine, theirs) in (
+        ("variant", gb / ga, k, o, counts),
+        ("baseline", ga / gb, 1 / k, 1 / o, counts[::-1]),
+    ):
+        if factor > 1 and not close(factor, other) and close(ratio, factor):
+            evidence = {"role": role, "ratio": round(ratio, 4), "counts": [mine, theirs]}
+            return Finding(f"step {step}", evidence)
     return None
 
 
+def loss_not_scaled_by_accumulation(facts: ConfigurationFacts) -> Optional[Finding]:
+    """At the first step (the same parameters and samples in both) one run's window gradient
+    is the other's times their ratio of backwards per step, which is not their ratio of
+    ranks: its micro-batches' losses are not divided by the accumulation steps."""
+    return _window_ratio(facts, by_ranks=False)
+
+
+def _others(role: str) -> str:
+    return "baseline" if role == "variant" else "variant"
+
+
 def _accumulation_words(f: Finding) -> str:
+    mine, theirs = f["counts"]
     return (
-        f"the gradient of the variant's window is {f['ratio']:g} times the baseline's, its "
-        f"ratio of accumulation steps ({f['k']:g}): each micro-batch's loss is not divided by "
-        "the accumulation steps"
+        f"the gradient of the {f['role']}'s window is {f['ratio']:g} times the "
+        f"{_others(f['role'])}'s, their ratio of backwards per step ({mine} against {theirs}): "
+        f"the {f['role']}'s micro-batch losses are not divided by the accumulation steps"
     )
 
 
 def loss_scaled_by_world_size(facts: ConfigurationFacts) -> Optional[Finding]:
-    """At the first step the variant's window gradient is the baseline's times its ratio of
-    world sizes, which is not the ratio of accumulation steps: the loss is multiplied by the
+    """At the first step one run's window gradient is the other's times their ratio of
+    ranks, which is not their ratio of backwards per step: its loss is multiplied by the
     world size although data parallelism averages the gradients."""
-    found = _window_ratio(facts)
-    if found is None or facts.equal:
-        return None
-    step, ratio, k, w = found
-    if w != 1 and not _close(k, w) and _close(ratio, w):
-        return Finding(f"step {step}", {"ratio": round(ratio, 4), "w": w})
-    return None
+    return _window_ratio(facts, by_ranks=True)
 
 
 def _world_words(f: Finding) -> str:
+    mine, theirs = f["counts"]
     return (
-        f"the gradient of the variant's window is {f['ratio']:g} times the baseline's, its "
-        f"ratio of world sizes ({f['w']:g}): the loss is scaled by the world size, although "
-        "data parallelism averages the gradients over the ranks"
+        f"the gradient of the {f['role']}'s window is {f['ratio']:g} times the "
+        f"{_others(f['role'])}'s, their ratio of ranks ({mine} against {theirs}): the "
+        f"{f['role']}'s loss is scaled by the world size, although data parallelism averages "
+        "the gradients over the ranks"
     )
 
 
@@ -374,27 +270,19 @@ def _unexplained_words(f: Finding) -> str:
     )
 
 
-STAGE = (Stage.CONFIGURATION,)
 RULES: tuple[Rule[ConfigurationFacts], ...] = (
     Rule("configuration.dropout-drawn", STAGE, DRAWN_BY_CONSTRUCTION,
          drawn_by_construction, _drawn_words),
-    Rule("configuration.same-data-on-every-rank", STAGE, SAME_DATA_ON_EVERY_RANK,
-         same_data_on_every_rank, _same_data_words, after=("configuration.dropout-drawn",)),
     Rule("configuration.zeroed-in-window", STAGE, GRADIENTS_ZEROED_IN_WINDOW,
-         zeroed_in_window, _zeroed_words, after=("configuration.same-data-on-every-rank",)),
+         zeroed_in_window, _zeroed_words, after=("configuration.other-samples",)),
     Rule("configuration.clipped-in-window", STAGE, CLIPPING_PER_MICRO_STEP,
          clipped_in_window, _clipped_in_window_words,
          after=("configuration.zeroed-in-window",)),
     Rule("configuration.clipped-by-own-shards", STAGE, CLIPPING_ON_LOCAL_SHARDS,
          clipped_by_own_shards, _own_shards_words, after=("configuration.clipped-in-window",)),
-    Rule("configuration.scheduler-per-micro-step", STAGE, SCHEDULER_PER_MICRO_STEP,
-         scheduler_per_micro_step, _scheduler_words,
-         after=("configuration.clipped-by-own-shards",)),
-    Rule("configuration.per-rank-buffers", STAGE, PER_RANK_BATCH_STATISTICS,
-         per_rank_buffers, _buffers_words, after=("configuration.same-data-on-every-rank",)),
     Rule("configuration.token-mean-per-micro-batch", STAGE, TOKEN_MEAN_PER_MICRO_BATCH,
          token_mean_per_micro_batch, _token_words,
-         after=("configuration.scheduler-per-micro-step", "configuration.per-rank-buffers")),
+         after=("configuration.other-samples", "configuration.per-rank-buffers")),
     Rule("configuration.loss-not-scaled-by-accumulation", STAGE,
          LOSS_NOT_SCALED_BY_ACCUMULATION, loss_not_scaled_by_accumulation,
          _accumulation_words, after=("configuration.token-mean-per-micro-batch",)),

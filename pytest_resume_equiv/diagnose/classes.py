@@ -66,6 +66,9 @@ SAME_DATA_ON_EVERY_RANK = "same data on every rank"
 PER_RANK_BATCH_STATISTICS = "per-rank batch statistics"
 DRAWN_BY_CONSTRUCTION = "random draws differ by construction"
 CLIPPING_ON_LOCAL_SHARDS = "clipping on local shards"
+SCHEDULER_PER_RANK = "scheduler per rank"
+SCHEDULER_COUNTER_ONLY = "scheduler counter only"
+DATA_ORDER_BY_CONFIGURATION = "data order by configuration"
 
 STREAM_KINDS = ("cpu", "numpy", "python")
 """The global streams a class is named after (`rng_stream`)."""

@@ -17,6 +17,7 @@ from .classes import (
     COMPUTED_DIFFERENTLY,
     DATA_LOADER_STATE,
     DATA_ORDER,
+    DATA_ORDER_BY_CONFIGURATION,
     DATALOADER_WORKERS,
     DEVICE_RNG,
     DRAWN_AFTER_THE_SAVE,
@@ -50,7 +51,9 @@ from .classes import (
     RESTORED_WRONG,
     SAME_DATA_ON_EVERY_RANK,
     SAVED_WRONG_BY_ITS_WRITER,
+    SCHEDULER_COUNTER_ONLY,
     SCHEDULER_PER_MICRO_STEP,
+    SCHEDULER_PER_RANK,
     SKIPPED_AGAIN,
     STREAM_KINDS,
     TOKEN_MEAN_PER_MICRO_BATCH,
@@ -295,7 +298,28 @@ CLASSES: dict[str, BugClass] = {
         BugClass(
             SCHEDULER_PER_MICRO_STEP,
             "step the LR scheduler once per optimizer step, right after `optimizer.step()`, "
-            "not once per micro-batch",
+            "not once per micro-batch (with accelerate: pass it to `accelerator.prepare()`, "
+            "or step it under `if accelerator.sync_gradients:`)",
+        ),
+        BugClass(
+            SCHEDULER_PER_RANK,
+            "make the schedule the same on any number of ranks: build it for the steps it "
+            "counts (accelerate steps a prepared scheduler once per process: HF's examples "
+            "build it for `max_train_steps x num_processes`), or step it once per optimizer "
+            "step yourself (`Accelerator(step_scheduler_with_optimizer=False)`, stepped under "
+            "`if accelerator.sync_gradients:`)",
+        ),
+        BugClass(
+            SCHEDULER_COUNTER_ONLY,
+            'accept it with `ignore=["{key}"]` (the learning rates match), or step the '
+            "scheduler once per optimizer step on any number of ranks if a resume on another "
+            "topology must continue the same schedule",
+        ),
+        BugClass(
+            DATA_ORDER_BY_CONFIGURATION,
+            "shuffle with an order that depends on a seed and the epoch only, not on the number "
+            "of ranks or the batching: a `DistributedSampler(seed=...)` with `set_epoch` "
+            "(accelerate: `DataLoaderConfiguration(use_seedable_sampler=True)`)",
         ),
         BugClass(
             CLIPPING_PER_MICRO_STEP,

@@ -13,6 +13,7 @@ from .at_resume import RULES as RESUME_POINT_RULES
 from .at_resume_objects import RULES as OBJECT_RULES
 from .at_resume_streams import RULES as STREAM_RULES
 from .at_step import RULES as STEP_RULES
+from .configuration_counts import RULES as COUNT_RULES
 from .leads import NOTES as LEAD_NOTES
 from .leads import RULES as LEAD_RULES
 from .rules import Note, Rule, Stage, check_after, ordered
@@ -26,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     *LEAD_RULES,
     *CHECK_RULES,
     *CONFIGURATION_RULES,
+    *COUNT_RULES,
 )
 NOTES: tuple[Note, ...] = LEAD_NOTES
 

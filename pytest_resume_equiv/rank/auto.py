@@ -33,8 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .fingerprint import Later, local_shard
-from .inputs import batch_parts, forward_inputs, tensor_fingerprint
+from .inputs import batch_parts, forward_inputs, scalar_value
 from .loaded import LoaderTap
 from .patches import Patches
 from .sketch import Sketch
@@ -180,25 +179,6 @@ def _initialising_state() -> bool:
 
 def _has_parameters(module: Any) -> bool:
     return next(iter(module.parameters()), None) is not None
-
-
-def scalar_value(tensor: Any) -> Any:
-    """A backward's tensor as the step keeps it until it is written: detached (a scalar's
-    value as float64 bits on its device, read with the step's other device values)."""
-    torch = sys.modules["torch"]
-    local = local_shard(tensor)
-    if local.numel() == 1 and (local.is_floating_point()):
-        bits = local.reshape(1).to(torch.float64).view(torch.int64)
-        return Later(bits, _float_of_bits)
-    return tensor_fingerprint(local)
-
-
-def _float_of_bits(words: list[int]) -> Any:
-    import struct
-
-    from .encode import encode_float
-
-    return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])
 
 
 class AutoRecorder:

@@ -13,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from .auto import AutoRecorder, Step, counters, scalar_value
+from .auto import AutoRecorder, Step, counters
 from .fingerprint import Later, deferred, one_transfer
 from .inputs import sample_ids
-
-SKETCH_NUMBERS = ("grad_before", "grad_after", "grad_stepped", "tokens")
-"""An equivalence launch's numbers per step (rank/sketch.py), each a list in the order taken."""
+from .sketch import pending, written
 
 Write = Callable[[int, Mapping[str, Any], dict[str, Any], bool], None]
 """Writes one step line: its number, the trainer's values, the automatic values, and whether
@@ -109,12 +107,7 @@ class AutoLines:
                     "batch": [
                         [(w, _deferred(f)) for w, f in batch] for s in steps for batch in s.batches
                     ],
-                    **{
-                        key: [
-                            _deferred(scalar_value(v)) for s in steps for v in s.notes.get(key, [])
-                        ]
-                        for key in SKETCH_NUMBERS
-                    },
+                    "sketch": pending([s.notes for s in steps], _deferred),
                 }
             )
         out: dict[str, Any] = {}
@@ -124,13 +117,7 @@ class AutoLines:
             out["data"] = [i for parts in held["data"] for i in sample_ids(parts)]
         if held["batch"]:
             out["batch"] = [i for parts in held["batch"] for i in sample_ids(parts)]
-        out.update({key: held[key] for key in SKETCH_NUMBERS if held[key]})
-        for key in ("dropout", "dropout_off"):
-            calls = sum(len(s.notes.get(key, [])) for s in steps)
-            if calls:
-                out[key] = calls
-        if any(s.notes.get("grad_sharded") for s in steps):
-            out["grad_sharded"] = True
+        out.update(written(held["sketch"], [s.notes for s in steps]))
         taken = [s for s in steps if s.optimizers]  # not what a record took before a step
         if taken and all(s.skipped for s in taken):
             out["skipped"] = True

@@ -354,7 +354,7 @@ class RankState:
             )
             self.auto = self.lines.recorder
             if ctx.equivalence:
-                self.auto.sketch = Sketch(self.auto.counter.note, self._optimizers)
+                self.auto.sketch = Sketch(self.auto.counter.note, self._optimizers, self._models)
                 self.auto.sketch.install_dropout(off=ctx.dropout == "off")
             self.auto.install()
             self.watched.found = self.auto.found.named
@@ -362,6 +362,9 @@ class RankState:
 
     def _optimizers(self) -> list[Any]:
         return self.auto.found.of("optimizer") if self.auto is not None else []
+
+    def _models(self) -> list[Any]:
+        return self.auto.found.of("model") if self.auto is not None else []
 
     def _npu_arrived(self, seed: Optional[int]) -> None:
         """torch_npu imported by the trainer after `install` (torch's device autoload off):

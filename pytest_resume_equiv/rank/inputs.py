@@ -130,3 +130,23 @@ def sample_ids(parts: list[tuple[str, Any]]) -> list[int]:
         text = "|".join(f"{where}={found[i]}" for where, found in rows) + "|" + whole
         out.append(int(hash_bytes(text.encode())[:16], 16) >> (64 - SAMPLE_BITS))
     return out
+
+
+def scalar_value(tensor: Any) -> Any:
+    """A backward's tensor as the step keeps it until it is written: detached (a scalar's
+    value as float64 bits on its device, read with the step's other device values)."""
+    import torch
+
+    local = local_shard(tensor)
+    if local.numel() == 1 and (local.is_floating_point()):
+        bits = local.reshape(1).to(torch.float64).view(torch.int64)
+        return Later(bits, _float_of_bits)
+    return tensor_fingerprint(local)
+
+
+def _float_of_bits(words: list[int]) -> Any:
+    import struct
+
+    from .encode import encode_float
+
+    return encode_float(struct.unpack("<d", struct.pack("<q", words[0]))[0])

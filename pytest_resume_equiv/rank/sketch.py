@@ -22,9 +22,16 @@ Every value stays on its device until the step's line is written (one transfer).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from .fingerprint import hash_bytes, local_shard
+from .inputs import SAMPLE_BITS, scalar_value
 from .patches import Patches
+
+NUMBERS = ("grad_before", "grad_after", "grad_stepped", "tokens")
+"""The sketch's numbers per step, each a list in the order taken."""
+COUNTS = ("dropout", "dropout_off")
+"""The sketch's counts per step: dropout calls that drew a mask, and made an identity."""
 
 DROPOUT_FUNCTIONS = (
     "dropout",
@@ -45,9 +52,16 @@ class Sketch:
     """The sketch of one rank's steps; `note(key, value)` files a value under the iteration
     under way (the step counter's)."""
 
-    def __init__(self, note: Callable[[str, Any], None], optimizers: Callable[[], list]) -> None:
+    def __init__(
+        self,
+        note: Callable[[str, Any], None],
+        optimizers: Callable[[], list],
+        models: Callable[[], list] = lambda: [],
+    ) -> None:
         self.note = note
         self.optimizers = optimizers
+        self.models = models
+        """The trained modules found so far: their parameters' names."""
         self.patches = Patches(__name__)
 
     def gradient(self) -> Any:
@@ -64,7 +78,7 @@ class Sketch:
                     seen.add(id(param))
                     grad = param.grad
                     local = grad.to_local() if hasattr(grad, "to_local") else grad
-                    part = local.detach().double().pow(2).sum()
+                    part = _squared_norm(local)
                     total = part if total is None else total + part.to(total.device)
         return total if total is not None else torch.zeros((), dtype=torch.float64)
 
@@ -85,15 +99,45 @@ class Sketch:
         self.note("grad_after", self.gradient())
 
     def before_step(self) -> None:
-        self.note("grad_stepped", self.gradient())
+        """The gradient the optimizer steps with: its squared norm, and each parameter's (by
+        the name its model gives it), so a difference shows which tensors it is in."""
+        per_tensor = self.per_tensor()
+        total = None
+        for value in per_tensor.values():
+            total = value if total is None else total + value.to(total.device)
+        torch = sys.modules["torch"]
+        self.note(
+            "grad_stepped", total if total is not None else torch.zeros((), dtype=torch.float64)
+        )
+        self.note("grad_tensors", per_tensor)
         if self.sharded():
             self.note("grad_sharded", True)
 
+    def per_tensor(self) -> dict[str, Any]:
+        """Each parameter's gradient's squared norm (its local shard's), float64, on its
+        device: by its name in the model that holds it, else by its place in the optimizer."""
+        names = {id(p): n for m in self.models() for n, p in m.named_parameters()}
+        found: dict[str, Any] = {}
+        for i, optimizer in enumerate(self.optimizers()):
+            for j, group in enumerate(optimizer.param_groups):
+                for k, param in enumerate(group["params"]):
+                    if param.grad is None:
+                        continue
+                    name = names.get(id(param), f"optimizer{i}.group{j}.{k}")
+                    grad = param.grad
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    found.setdefault(name, _squared_norm(local))
+        return found
+
     def forward(self, given: list[tuple[str, Any]]) -> None:
-        """A training forward's inputs: its token count, where it has one."""
+        """A training forward's inputs: its token count and its samples' unpadded ids, where
+        it has a mask."""
         count = token_count(given)
         if count is not None:
             self.note("tokens", count)
+        ids = unpadded_ids(given)
+        if ids is not None:
+            self.note("samples", ids)
 
     def install_dropout(self, off: bool) -> None:
         """Count the dropout calls that draw a mask (training, p > 0); `off`: make them an
@@ -137,6 +181,14 @@ class Sketch:
         self.patches.restore()
 
 
+def _squared_norm(tensor: Any) -> Any:
+    """A tensor's squared norm in float64 (one way for every sketch value, so two of them
+    taken of the same tensors are equal)."""
+    torch = sys.modules["torch"]
+    norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64)
+    return norm * norm
+
+
 def token_count(given: list[tuple[str, Any]]) -> Any:
     """The tokens of a forward's batch a token-mean loss divides by: its labels that are not
     -100 (the ignore index), else the ones of a mask; -1 when the named mask is not 0s and
@@ -155,3 +207,52 @@ def token_count(given: list[tuple[str, Any]]) -> Any:
                 count = t.to(torch.float64).sum()
                 return torch.where(flags, count, torch.full_like(count, -1.0))
     return None
+
+
+def pending(notes: list[dict[str, list[Any]]], defer: Callable[[Any], Any]) -> dict[str, Any]:
+    """The sketch of the steps whose `notes` one line holds, its device values deferred to the
+    line's one transfer (`defer`)."""
+    numbers = {
+        key: [defer(scalar_value(v)) for n in notes for v in n.get(key, [])] for key in NUMBERS
+    }
+    tensors = [found for n in notes[:1] for found in n.get("grad_tensors", [])[:1]]
+    numbers["grad_tensors"] = {k: defer(scalar_value(v)) for t in tensors for k, v in t.items()}
+    numbers["samples"] = [i for n in notes for ids in n.get("samples", []) for i in ids]
+    return numbers
+
+
+def written(held: dict[str, Any], notes: list[dict[str, list[Any]]]) -> dict[str, Any]:
+    """The `auto` values of the sketch, once its device values are read: only what it has."""
+    out = {key: value for key, value in held.items() if value}
+    for key in COUNTS:
+        calls = sum(len(n.get(key, [])) for n in notes)
+        if calls:
+            out[key] = calls
+    if any(n.get("grad_sharded") for n in notes):
+        out["grad_sharded"] = True
+    return out
+
+
+def unpadded_ids(given: list[tuple[str, Any]]) -> Optional[list[int]]:
+    """Each sample's id from its tokens alone, where a forward's batch comes with a mask (an
+    input named `*mask*` of shape (batch, length)): every (batch, length, ...) tensor's row
+    taken at the mask's non-zeros, every other row whole; None without a mask. Padded to its
+    micro-batch's longest member (dynamic padding), a sample's row changes with the batching;
+    its tokens do not. Read on the host: an equivalence launch only."""
+    torch = sys.modules["torch"]
+    tensors = [(w, local_shard(t)) for w, t in given if isinstance(t, torch.Tensor) and t.dim()]
+    mask = next((t for w, t in tensors if "mask" in w.rsplit(".", 1)[-1] and t.dim() == 2), None)
+    if mask is None:
+        return None
+    keep = mask.detach().cpu() != 0
+    rows, length = keep.shape
+    batched = [(w, t.cpu()) for w, t in tensors if t.shape[0] == rows]
+    ids = []
+    for i in range(rows):
+        parts = []
+        for where, t in batched:
+            row = t[i][keep[i]] if t.dim() >= 2 and t.shape[1] == length else t[i]
+            raw = row.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            parts.append(f"{where}:{row.dtype}{list(row.shape)}=".encode() + raw)
+        ids.append(int(hash_bytes(b"|".join(parts))[:16], 16) >> (64 - SAMPLE_BITS))
+    return ids

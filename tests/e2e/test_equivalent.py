@@ -94,7 +94,7 @@ BUGS = {
     "test_batching[b36]": ("scheduler per micro-step", "runs 2 times fast"),
     "test_batching[b37]": ("clipping per micro-step", "inside the accumulation window"),
     "test_variable_lengths[b38]": ("per-micro-batch token mean", "weighted by their token"),
-    "test_batching[b39]": ("loss scaled by world size", "ratio of world sizes (2)"),
+    "test_batching[b39]": ("loss scaled by world size", "their ratio of ranks (2 against 1)"),
     "test_batching[b40]": ("same data on every rank", "each of them 2 times"),
     "test_batch_norm[b41]": ("per-rank batch statistics", "running_mean"),
     "test_batching[b43]": ("clipping on local shards", "each rank scaled its gradient"),

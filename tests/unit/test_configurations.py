@@ -207,3 +207,28 @@ def test_runs_that_recorded_nothing_to_compare_are_no_equal_pair():
     empty = {0: sig(0, 1, {1: {"note": 1}})}
     found = compare_configurations(empty, empty, 1)
     assert [d.what for d in found.differences] == ["nothing recorded to compare"]
+
+
+def test_a_tensor_only_round_off_moves_is_judged_on_the_scale_of_its_kind():
+    """A bias whose true gradient is zero, moved by the optimizer from noise (1e-12 against
+    parameters of about 1): a large relative difference that is nothing; a difference of that
+    size in a parameter of ordinary size still counts."""
+    params = {"w": tensor(1.0, 1.0), "b": tensor(1.0e-12, 1.0e-12)}
+    noisy = {"w": tensor(1.0, 1.0), "b": tensor(1.3e-12, 1.3e-12)}
+    base = {0: sig(0, 1, {1: step_values([0.5], [1, 2, 3, 4], params=params)})}
+    variant = {0: sig(0, 1, {1: step_values([0.5], [1, 2, 3, 4], params=noisy)})}
+    assert compare_configurations(base, variant, 1).equal
+    moved = {"w": tensor(1.0 + 1e-5, 1.0), "b": tensor(1.0e-12, 1.0e-12)}
+    variant = {0: sig(0, 1, {1: step_values([0.5], [1, 2, 3, 4], params=moved)})}
+    assert [d.what for d in compare_configurations(base, variant, 1).differences] == [
+        "model.params['w'].norm"
+    ]
+
+
+def test_a_trainer_that_stops_before_the_markers_steps_is_said_so():
+    found = compare_configurations(BASE, BASE, 4)
+    assert found.short and not found.equal
+    assert found.differences[0].text() == (
+        "step 3: optimizer steps run: baseline 2 of 4, variant 2 of 4"
+    )
+    assert any("the trainer must train exactly steps=" in line for line in found.lines("v"))

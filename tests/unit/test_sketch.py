@@ -84,3 +84,54 @@ def test_the_gradient_before_and_after_each_backward_and_at_the_step():
     )
     assert before[0] == 0 and before[1] == after[0] > 0 and after[1] == 4 * after[0]
     assert float(notes["grad_stepped"][0]) == after[1]
+
+
+def test_a_samples_unpadded_id_does_not_change_with_its_micro_batchs_padding():
+    """Dynamic padding pads a sample to its micro-batch's longest member; its id is read from
+    the positions its mask keeps (right or left padding), so it is the same in any batch."""
+    from pytest_resume_equiv.rank.sketch import unpadded_ids
+
+    ids = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]])
+    mask = (ids != 0).long()
+    labels = torch.tensor([1, 0])
+    alone = unpadded_ids([("kw.input_ids", ids[:1, :3]), ("kw.attention_mask", mask[:1, :3])])
+    padded = unpadded_ids(
+        [("kw.input_ids", ids), ("kw.attention_mask", mask), ("kw.labels", labels)]
+    )
+    left = unpadded_ids(
+        [
+            ("kw.input_ids", torch.tensor([[0, 5, 6, 7]])),
+            ("kw.attention_mask", torch.tensor([[0, 1, 1, 1]])),
+        ]
+    )
+    assert alone is not None and padded is not None and left is not None
+    assert alone == left and len(set(padded)) == 2
+    relabelled = unpadded_ids(
+        [("kw.input_ids", ids), ("kw.attention_mask", mask), ("kw.labels", labels * 0)]
+    )
+    assert relabelled[1] == padded[1] and relabelled[0] != padded[0]  # the label is the sample's
+    assert unpadded_ids([("0", torch.randn(2, 3))]) is None  # no mask: the content ids count
+
+
+def test_each_parameters_stepped_gradient_is_named_by_its_model():
+    steps = []
+    recorder = AutoRecorder(steps.append)
+    recorder.sketch = Sketch(
+        recorder.counter.note,
+        lambda: recorder.found.of("optimizer"),
+        lambda: recorder.found.of("model"),
+    )
+    recorder.install()
+    try:
+        model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(4, 3)).sum().backward()
+        optimizer.step()
+        recorder.boundary()
+    finally:
+        recorder.uninstall()
+    per_tensor = steps[0].notes["grad_tensors"][0]
+    assert sorted(per_tensor) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    want = float(model[1].bias.grad.double().pow(2).sum())
+    assert float(per_tensor["1.bias"]) == want
+    assert float(steps[0].notes["grad_stepped"][0]) == sum(float(v) for v in per_tensor.values())
