@@ -13,7 +13,7 @@ from .compare.tolerance import Tolerance, parse_tolerance
 from .errors import SettingError
 
 INTERRUPTS = ("continue", "stop", "kill", "crash")
-CRASH_POINTS = ("first", "middle", "last", "returned", "pointer")
+CRASH_POINTS = ("first", "middle", "last", "returned", "pointer", "torn")
 CRASH_REFUSAL = ("pass", "fail")
 NOISE = ("auto", "measure", "off")
 
@@ -75,8 +75,9 @@ class MarkerSpec:
     """With a golden store: keep the checkpoint of each split in the golden too, and resume
     the current code from it (the compatibility check)."""
     crash_points: Any = None
-    """interrupt="crash": None (first, middle, last, returned, pointer), "all" (every event
-    of the save, and returned), or a tuple of those names and event indexes."""
+    """interrupt="crash": None (first, middle, last, returned, pointer, torn), "all" (every
+    event of the save, returned, and inside every file's write), or a tuple of those names and
+    event indexes."""
     crash_refusal: str = "pass"
     """interrupt="crash": whether a clean refusal of a torn checkpoint passes or fails."""
     auto: Optional[bool] = None

@@ -11,6 +11,7 @@ run's at that step), it lost a completed checkpoint, or it diverged afterwards.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -18,8 +19,11 @@ from typing import Any, Optional
 from ..compare.comparators import Comparator, Run
 from ..compare.gate import GateFacts
 from ..compare.jsonable import NOT_IN_JSON
+from ..diagnose import Diagnosis
+from ..diagnose.at_crash import AfterCrash, short
 from ..launch.running import LaunchResult
-from ..rank.run_dir import read_status
+from ..rank.crasher import relative
+from ..rank.run_dir import RankStatus, read_status, user_files
 from .base import Verdict
 from .resume import judge_resume
 
@@ -42,6 +46,8 @@ class Row:
     why: str = ""
     verdict: Optional[Verdict] = field(default=None, compare=False, metadata=NOT_IN_JSON)
     """The resume's own judgement, when one was compared."""
+    diagnosis: Optional[Diagnosis] = field(default=None, compare=False, metadata=NOT_IN_JSON)
+    """The cause read from what the crash left and what the resume did (diagnose/at_crash)."""
 
     @property
     def failed(self) -> bool:
@@ -69,7 +75,7 @@ def _crash_text(result: LaunchResult) -> str:
     first = failed[0] if failed else None
     if first is None:
         return result.status
-    return f"rank {first.rank}: {one_line(first.detail)}"
+    return f"rank {first.rank}: {short(one_line(first.detail))}"
 
 
 def one_line(message: str, limit: int = 300) -> str:
@@ -173,6 +179,60 @@ def _set(row: Row, status: str, why: str) -> Row:
     return row
 
 
+def _start(run: Optional[Run]) -> Optional[int]:
+    """The step a resumed run started after (its first recorded step, less one)."""
+    firsts = [sig.steps[0][0] for sig in (run or {}).values() if sig.steps]
+    return min(firsts) - 1 if firsts else None
+
+
+def failing_rank(run_dir: str, world_size: int) -> Optional[tuple[int, RankStatus]]:
+    """The first rank whose exception came out of a watched call (`RankStatus.call`), else
+    the first that raised, with its status."""
+    statuses = [(r, read_status(run_dir, r)) for r in range(world_size)]
+    raised = [(r, s) for r, s in statuses if s is not None and s.status == "error"]
+    return next((item for item in raised if item[1].call), raised[0] if raised else None)
+
+
+def relative_call(call: dict[str, Any], *run_dirs: str) -> dict[str, Any]:
+    """A failed call with its paths as the report shows them."""
+    shown = dict(call)
+    for key in ("path", "to"):
+        path = str(shown.get(key) or "")
+        inside = [relative(path, d) for d in run_dirs if path]
+        shown[key] = next((p for p in inside if not os.path.isabs(p)), path) if path else None
+        if shown[key] is None:
+            del shown[key]
+    return shown
+
+
+def after_crash(
+    row: Row,
+    record: Optional[dict[str, Any]],
+    crash_dir: str,
+    result: LaunchResult,
+    run: Optional[Run],
+    overwrites: Optional[int],
+) -> AfterCrash:
+    """The facts of one failed crash point for `Stage.CRASH`: the file the kill cut (from the
+    crash record of the launch run in `crash_dir`; `overwrites` from the point), and the
+    resumed launch's failing rank's call, reads and error."""
+    torn = dict((record or {}).get("torn") or {})
+    if torn:
+        event = (record or {}).get("event") or {}
+        torn = {**torn, "op": event.get("op", "?"), "overwrites": overwrites}
+        torn["path"] = relative(str(torn.get("path", "")), crash_dir)
+    found = failing_rank(result.spec.run_dir, result.spec.world_size)
+    failed, read, message = None, (), ""
+    if found is not None:
+        rank, status = found
+        dirs = (result.spec.run_dir, crash_dir)
+        failed = {**relative_call(status.call, *dirs), "rank": rank} if status.call else None
+        read = tuple(relative_call({"path": p}, *dirs)["path"] for p in status.read)
+        message = one_line(status.message)
+    left = tuple(path for path, _ in user_files(crash_dir))
+    return AfterCrash(row.point, row.where, torn or None, failed, read, message, _start(run), left)
+
+
 def read_crash_record(path: str) -> Optional[dict[str, Any]]:
     """The crash launch's record of where it was killed (JSON only), None without one."""
     try:
@@ -183,4 +243,4 @@ def read_crash_record(path: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["Row", "judge_after_crash", "read_crash_record"]
+__all__ = ["Row", "after_crash", "judge_after_crash", "read_crash_record"]

@@ -15,15 +15,23 @@ from typing import Optional
 
 from ..compare import facts
 from ..diagnose import Diagnosis, Stage, cause
-from ..diagnose.at_check import CrashedAt
+from ..diagnose.at_crash import AfterCrash
 from ..errors import ResumeEquivError
 from ..plan import PlannedLaunch, Planner
 from ..rank.run_dir import crash_record_path
-from .after_crash import EXACT, REFUSED, TORN, Row, judge_after_crash, read_crash_record
+from .after_crash import (
+    EXACT,
+    REFUSED,
+    TORN,
+    Row,
+    after_crash,
+    judge_after_crash,
+    read_crash_record,
+)
 from .base import Check, Judging, Outcome, Verdict
 from .crash_points import CrashPoint, crashed_where, find_points, on_disk
 from .launches import one_group, uninterrupted_of
-from .resume import ResumeLike
+from .resume import ResumeLike, format_diagnosis
 
 GROUPS = (
     'interrupt="crash" needs one uninterrupted launch that saves at every split, but the '
@@ -31,9 +39,14 @@ GROUPS = (
 )
 
 
-def torn_cause(row: Row) -> Optional[Diagnosis]:
-    """A resume from what a crash left half-written (diagnose/at_check.py)."""
-    return cause(Stage.CRASH, CrashedAt(row.point, row.where))
+CAUSED_BY_THE_CRASH = (TORN, "crashed on the torn checkpoint")
+"""The failed rows whose cause is what the crash left (`Stage.CRASH`), not one object's
+restore."""
+
+
+def crash_cause(facts: AfterCrash) -> Optional[Diagnosis]:
+    """A resume from what a crash left half-written (diagnose/at_crash.py, at_check.py)."""
+    return cause(Stage.CRASH, facts)
 
 
 @facts.fact("crash_table")
@@ -68,6 +81,8 @@ class Pair:
     crash: PlannedLaunch
     resumed: PlannedLaunch
     row: Row
+    record: Optional[dict] = None
+    """The crash launch's record of where it was killed."""
 
 
 class Crash(Check):
@@ -139,7 +154,7 @@ class Crash(Check):
     def crashed(self, pair: Pair, judge: Judging) -> None:
         """The crash launch ended: where it was killed, what it left on disk."""
         run_dir = pair.crash.spec.run_dir
-        record = read_crash_record(crash_record_path(run_dir))
+        record = pair.record = read_crash_record(crash_record_path(run_dir))
         pair.row.disk = on_disk(run_dir)
         result = judge.result(pair.crash)
         if record is not None:
@@ -169,9 +184,14 @@ class Crash(Check):
         row = judge_after_crash(
             pair.row, result, judge.signatures(self.full), run, completed, judge.comparator, refusal
         )
-        row.why = row.why.replace(pair.crash.spec.run_dir + os.sep, "")  # its paths, short
+        for run_dir in (pair.crash.spec.run_dir, pair.resumed.spec.run_dir):
+            row.why = row.why.replace(run_dir + os.sep, "")  # its paths, short
         if row.status == REFUSED and not result.ok:
             result.judged = "a clean refusal: passes"
+        if row.failed and row.why.startswith(CAUSED_BY_THE_CRASH):
+            crash_dir = pair.crash.spec.run_dir
+            facts = after_crash(row, pair.record, crash_dir, result, run, pair.point.overwrites)
+            row.diagnosis = crash_cause(facts)
 
     def conclude(self, judge: Judging) -> None:
         rows = [p.row for p in self.pairs]
@@ -180,8 +200,8 @@ class Crash(Check):
         status = "failed" if failing is not None or not reached else "passed"
         judged = (failing or self.pairs[0]).row.verdict if self.pairs else None
         diagnosis = judged.diagnosis if judged is not None and failing else None
-        if failing is not None and failing.row.why.startswith(TORN):
-            diagnosis = torn_cause(failing.row)  # the crash, not one object, explains it
+        if failing is not None and failing.row.diagnosis is not None:
+            diagnosis = failing.row.diagnosis  # the crash, not one object, explains it
         verdict = Verdict(
             self.kind,
             status,
@@ -241,6 +261,8 @@ class Crash(Check):
         if verdict.comparison is not None:
             rest = [f for f in verdict.facts if not isinstance(f, CrashTable)]
             lines += ResumeLike.block(dataclasses.replace(verdict, facts=rest), outcome, kept)
+        elif verdict.diagnosis is not None:
+            lines += format_diagnosis(verdict.diagnosis)
         for role in ("crashed", "resumed after it"):
             if verdict.runs.get(role):
                 lines.append(f"  {role + ':':<17} {verdict.runs[role]}")

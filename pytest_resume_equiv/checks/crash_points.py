@@ -2,10 +2,12 @@
 a crash left on disk.
 
 The points are the save's own events on one rank (rank 0, which writes the pointer files of
-most trainers): the first, the middle and the last, right after the save returned, and every
+most trainers): the first, the middle and the last, right after the save returned, every
 pointer-file write (a file written straight into the checkpoint root, beside the step
-folders, such as `latest`). Each is named by its index among that rank's window's events of
-its kind of thread, which the crash launch's ranks count the same way (`rank/crash.py`).
+folders, such as `latest`), and inside every write over a file that existed (written in
+place: `torn`, the file cut to half its size). Each is named by its index among that rank's
+window's events of its kind of thread, which the crash launch's ranks count the same way
+(`rank/crasher.py`).
 """
 
 from __future__ import annotations
@@ -20,17 +22,21 @@ from ..errors import ResumeEquivError
 from ..rank.crasher import (
     AFTER_EVENT,
     RETURNED,
+    TORN,
+    TORN_OPS,
     WRITTEN,
     describe,
     foreign_folders,
     relative,
     save_events,
+    size_words,
     thread_kind,
 )
 from ..rank.run_dir import user_files
 
-NAMES = ("first", "middle", "last", "returned", "pointer")
-"""The points `crash_points=` may name; None means all of them, "all" every event too."""
+NAMES = ("first", "middle", "last", "returned", "pointer", "torn")
+"""The points `crash_points=` may name; None means all of them, "all" every event too, and
+inside every file's write."""
 WRITES = ("open", "torch.save", "os.replace", "os.rename", "os.link", "os.symlink")
 
 Choice = Union[None, str, Sequence[Union[str, int]]]
@@ -56,6 +62,9 @@ class CrashPoint:
     completes: bool
     """The save had completed when the kill came: it returned, and nothing of it runs in the
     background."""
+    overwrites: Optional[int] = None
+    """kind "torn": the step after which the file it cuts was written before, still there
+    when this save wrote over it (written in place); None for a new file."""
 
     def to_context(self) -> dict[str, Any]:
         return {
@@ -74,6 +83,8 @@ class CrashPoint:
         if self.kind == WRITTEN:
             where = relative(str(self.event.get("path", "")), run_dir)
             return f"rank {self.rank}: after writing {where}"
+        if self.kind == TORN:
+            return f"rank {self.rank}: inside {describe(self.event, run_dir)}, cut to half"
         return f"rank {self.rank}: after {describe(self.event, run_dir)}"
 
 
@@ -130,37 +141,25 @@ def find_points(
             f"{split} (files are logged under its run directory {run_dir} and the checkpoint's "
             "folder): the trainer must save there, e.g. under checkpoint='{run_dir}/checkpoints'"
         )
-    main = [i for i, e in enumerate(events) if not e.get("thread")]
-    background = len(main) < len(events)  # a write of the save in a thread
+    background = any(e.get("thread") for e in events)  # a write of the save in a thread
     foreign = foreign_folders(run[rank].files, split, splits, run_dir)
-    named: dict[str, list[int]] = {
-        "first": [0],
-        "middle": [len(events) // 2],
-        "last": [len(events) - 1],
-        "pointer": _pointers(events),
-    }
+    overwrites = overwritten(run[rank].files, events)
     wanted = list(NAMES) if choice is None else ["all"] if choice == "all" else list(choice)
     points: dict[tuple[str, int], list[str]] = {}
     for want in wanted:
-        if want == "all":
-            for index in range(len(events)):
-                points.setdefault((AFTER_EVENT, index), []).append(f"event {index}")
-            want = "returned"
-        if want == "returned":
-            if main:
-                points.setdefault((RETURNED, main[-1]), []).append("returned")
-        elif isinstance(want, int):
-            if not 0 <= want < len(events):
-                raise ResumeEquivError(
-                    f"crash_points=: event {want} does not exist; the save at step {split} has "
-                    f"{len(events)} events on rank {rank} (0 to {len(events) - 1})"
-                )
-            points.setdefault((AFTER_EVENT, want), []).append(f"event {want}")
-        else:
-            for index in named[want]:
-                opened = want == "pointer" and events[index].get("op") == "open"
-                kind = WRITTEN if opened else AFTER_EVENT  # a pointer: once it is written
-                points.setdefault((kind, index), []).append(want)
+        if isinstance(want, int) and not 0 <= want < len(events):
+            raise ResumeEquivError(
+                f"crash_points=: event {want} does not exist; the save at step {split} has "
+                f"{len(events)} events on rank {rank} (0 to {len(events) - 1})"
+            )
+        for key, name in _chosen(want, events, overwrites):
+            points.setdefault(key, []).append(name)
+    if not points:  # only "torn" can stand for none: a test of no point proves nothing
+        raise ResumeEquivError(
+            f"crash_points={choice!r}: no such point in the save at step {split} on rank "
+            f"{rank}: it writes no file over one that was there (torn points of every file: "
+            'crash_points="all")'
+        )
     return [
         CrashPoint(
             ", ".join(dict.fromkeys(names)),
@@ -172,9 +171,74 @@ def find_points(
             foreign,
             events[position],
             completes=kind == RETURNED and not background,
+            overwrites=overwrites.get(position) if kind == TORN else None,
         )
         for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])
     ]
+
+
+def _chosen(
+    want: Union[str, int], events: list[dict[str, Any]], overwrites: dict[int, Optional[int]]
+) -> list[tuple[tuple[str, int], str]]:
+    """The points one name (or event index) of `crash_points=` stands for: ((kind, position
+    among the window's events), name)."""
+    if isinstance(want, int):
+        return [((AFTER_EVENT, want), f"event {want}")]
+    main = [i for i, e in enumerate(events) if not e.get("thread")]
+    if want == "returned":
+        return [((RETURNED, main[-1]), "returned")] if main else []
+    if want == "all":  # every event, the return, and inside every file's first write
+        every = [((AFTER_EVENT, i), f"event {i}") for i in range(len(events))]
+        torn = [((TORN, i), "torn") for i in overwrites]
+        return every + _chosen("returned", events, overwrites) + torn
+    if want == "torn":  # inside each write over a file that was there (in place)
+        return [((TORN, i), "torn") for i, step in overwrites.items() if step is not None]
+    named = {
+        "first": [0],
+        "middle": [len(events) // 2],
+        "last": [len(events) - 1],
+        "pointer": _pointers(events),
+    }
+    chosen = []
+    for index in named[want]:
+        opened = want == "pointer" and events[index].get("op") == "open"
+        kind = WRITTEN if opened else AFTER_EVENT  # a pointer: once it is written
+        chosen.append(((kind, index), want))
+    return chosen
+
+
+def overwritten(
+    log: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> dict[int, Optional[int]]:
+    """For the first write of each file among the save's `events` (by position): the step
+    after which the rank's whole `log` last wrote that file before, when it was still there
+    (renamed onto, not moved away or deleted since): a write in place; else None."""
+    there: dict[str, int] = {}  # path -> the step after which it was written
+    firsts: dict[int, Optional[int]] = {}
+    files: set[str] = set()
+    position = {id(e): i for i, e in enumerate(events)}
+    for event in log:
+        op, path = event.get("op"), str(event.get("path", ""))
+        to, step = str(event.get("to") or ""), int(event.get("after_step") or 0)
+        index = position.get(id(event))
+        if op in TORN_OPS and index is not None and path not in files:
+            files.add(path)
+            firsts[index] = there.get(path)
+        if op in TORN_OPS:
+            there[path] = step
+        elif op in ("os.replace", "os.rename") and to:
+            moved = {k: v for k, v in there.items() if _under(k, path)}
+            there = {k: v for k, v in there.items() if not _under(k, path) and not _under(k, to)}
+            there.update({to + k[len(path) :]: v for k, v in moved.items()})
+        elif op in ("os.link", "os.symlink") and to:
+            there[to] = step
+        elif op in ("os.unlink", "os.remove", "os.rmdir", "shutil.rmtree"):
+            there = {k: v for k, v in there.items() if not _under(k, path)}
+    return firsts
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
 
 
 def _kind_index(events: list[dict[str, Any]], position: int) -> int:
@@ -195,7 +259,7 @@ def on_disk(run_dir: str, limit: int = 10) -> str:
         # an empty file is often what a crash left half-written: never hidden
         shown = [f for f in files if f[1] == 0] + [f for f in files if f[1]]
         shown = shown if len(shown) <= 8 else shown[:7]
-        inner = ", ".join(f"{name} {_size(size)}" for name, size in shown)
+        inner = ", ".join(f"{name} {size_words(size)}" for name, size in shown)
         if len(shown) < len(files):
             inner += f", +{len(files) - len(shown)} more"
         parts.append(f"{folder}/{{{inner}}}" if folder else inner)
@@ -203,12 +267,6 @@ def on_disk(run_dir: str, limit: int = 10) -> str:
         return "nothing"
     more = f", +{len(parts) - limit} folders" if len(parts) > limit else ""
     return ", ".join(parts[:limit]) + more
-
-
-def _size(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / 2**20:.1f} MiB"
 
 
 def crashed_where(record: Optional[dict[str, Any]], run_dir: str) -> str:

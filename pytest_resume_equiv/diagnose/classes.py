@@ -54,6 +54,7 @@ UNAUDITED_INPUT = "unaudited input"
 UNAUDITED_STATE = "unaudited state"
 UNKNOWN = "unknown"
 WATCHED_STATE = "watched state"
+WRITTEN_IN_PLACE = "written in place"
 
 # Configuration equivalence (`@equivalent`): ../shared/BUGS.md classes 34-43
 LOSS_NOT_SCALED_BY_ACCUMULATION = "loss not scaled by accumulation"

@@ -63,6 +63,7 @@ from .classes import (
     UNAUDITED_STATE,
     UNKNOWN,
     WATCHED_STATE,
+    WRITTEN_IN_PLACE,
     BugClass,
     kind_never_restored,
     rng_before_iterator,
@@ -276,6 +277,12 @@ CLASSES: dict[str, BugClass] = {
             WATCHED_STATE,
             "save '{label}''s state_dict() after the step that ends at the split and load it "
             "back into the object the training uses",
+        ),
+        BugClass(
+            WRITTEN_IN_PLACE,
+            "write the file to a temporary path beside it, flush and os.fsync it, then "
+            "os.replace it onto the final path: a kill inside the write then leaves the "
+            "previous file whole",
         ),
         *(
             BugClass(

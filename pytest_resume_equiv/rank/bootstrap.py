@@ -8,6 +8,7 @@ the user's code ended, and then runs the user's script, module or function uncha
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import faulthandler
 import importlib
 import os
@@ -32,6 +33,7 @@ from .run_dir import (
     write_pid,
     write_status,
 )
+from .wrapping import failure_of
 
 
 def _die_with_parent() -> None:
@@ -205,7 +207,7 @@ def _run_user_code(argv: list[str], ctx: RunContext) -> RankStatus:
     except BaseException as exc:
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, end="")
-        return RankStatus("error", 1, f"{type(exc).__name__}: {exc}", tb)
+        return RankStatus("error", 1, f"{type(exc).__name__}: {exc}", tb, failure_of(exc))
     return RankStatus("ok")
 
 
@@ -230,6 +232,7 @@ def main(argv: list[str]) -> None:
     _wait_for_gate(ctx)
     store = _host_store(ctx)
     status = _run_user_code(argv, ctx)
+    status = dataclasses.replace(status, read=list(state.files.reads))
     state.finish()
     write_status(ctx.run_dir, rank, status)
     if ctx.host_store and ctx.world_size > 1 and status.status == "ok":

@@ -8,7 +8,9 @@ count the same events; counting the two kinds apart keeps the index whatever ord
 thread's events interleave with the main thread's in. A point is either an event ("after" it
 happened) or "returned": the first `record()` after the save's last event on the main thread,
 with every background write of the save held, so an asynchronous save is still in flight
-when the kill comes.
+when the kill comes; or "torn", inside a write: the file the event writes (a `torch.save`, a
+safetensors save, an `open` for writing, DCP's per-rank files among them) is cut to half its
+size once written, then the kill, as if it came halfway through the write.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ AFTER_EVENT = "event"
 WRITTEN = "written"
 """A file opened for writing, killed once written: at the next file call or record()."""
 RETURNED = "returned"
+TORN = "torn"
+"""A file being written: once written (at the writer thread's next file call, or its next
+`record()`), cut to half its size, then the kill."""
+TORN_OPS = ("open", "torch.save", "safetensors.torch.save_file")
+"""The events that write one file, which a torn point cuts."""
 HOLD_LIMIT = 5.0
 """Seconds a held background write waits for the main thread's next `record()`."""
 
@@ -169,6 +176,8 @@ class Crasher:
         """kind "returned": the save's last main-thread event has happened."""
         self.written: Optional[Event] = None
         """kind "written": the file opened at the point, now being written."""
+        self.torn: Optional[tuple[Event, threading.Thread]] = None
+        """kind "torn": the file opened at the point, and the thread writing it."""
         self._lock = threading.Lock()
 
     @property
@@ -193,19 +202,67 @@ class Crasher:
             return
         if point_kind == WRITTEN:
             self.written = event
+        elif point_kind == TORN:
+            self.tear(event)
         elif point_kind == RETURNED:
             self.armed = True
         else:
             self.kill(f"after {describe(event, self.run_dir)}", event)
 
-    def before_call(self) -> None:
-        """A file call starts: a file opened for writing at the point has been written."""
+    def before_call(self, call: Optional[Event] = None) -> None:
+        """A file call starts (`call`: its `op` and `path`): a file opened for writing at the
+        point has been written, unless the call may write into it still (`torch.save` into
+        the open file, or into a stream with no name; its `os.fsync` says it was written)."""
+        torn = self.torn
+        if torn is not None and threading.current_thread() is torn[1]:
+            path = os.path.realpath(call["path"]) if call and call.get("path") else ""
+            written = call is None or path not in ("", torn[0].get("path"))
+            if written or (path and call.get("op") == "os.fsync"):
+                self.cut(torn[0])
         if self.written is not None and threading.current_thread() is threading.main_thread():
             where = relative(str(self.written.get("path", "")), self.run_dir)
             self.kill(f"after writing {where} (closed, before the next file call)", self.written)
 
+    def tear(self, event: Event) -> None:
+        """The torn point's event: a saver's file is whole now, cut it; a file opened for
+        writing is cut once written, at its thread's next file call (a writer thread that
+        makes none: once it ends, or after `HOLD_LIMIT` seconds)."""
+        if event.get("op") != "open":
+            self.cut(event)
+            return
+        writer = threading.current_thread()
+        self.torn = (event, writer)
+        if writer is not threading.main_thread():
+            threading.Thread(target=self._cut_once_ended, args=(writer,), daemon=True).start()
+
+    def _cut_once_ended(self, writer: threading.Thread) -> None:
+        deadline = time.monotonic() + HOLD_LIMIT
+        while writer.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        torn = self.torn
+        if torn is not None:
+            self.cut(torn[0])
+
+    def cut(self, event: Event) -> None:
+        """Cut the file `event` wrote to half its size, then kill: killed inside the write."""
+        with self._lock:
+            if self.torn is None and event.get("op") == "open":
+                return  # cut already, by another thread
+            self.torn = None
+        path = str(event.get("path", ""))
+        try:
+            size = os.path.getsize(path)
+            os.truncate(path, size // 2)
+        except OSError:
+            size = 0
+        where = f"inside {describe(event, self.run_dir)}: cut to {size_words(size // 2)}"
+        torn = {"path": path, "size": size // 2, "of": size}
+        self.kill(f"{where} of {size_words(size)}, then killed", event, torn)
+
     def on_record(self, step: int) -> None:
         """`record(step)` was called: past the save, once it has returned."""
+        if self.torn is not None and self.torn[1] is threading.current_thread():
+            self.cut(self.torn[0])
         if self.written is not None:
             self.before_call()
         if self.armed and self.mine:
@@ -226,10 +283,13 @@ class Crasher:
         if not self.mine:  # another rank's write: until the point's rank kills this one,
             time.sleep(4 * HOLD_LIMIT)  # unless that waits for it (a collective): let go
 
-    def kill(self, where: str, event: Optional[Event]) -> None:
-        """Say where, then SIGKILL every rank of this host (this one last)."""
-        self.written = None  # its own record is no file of the save
+    def kill(self, where: str, event: Optional[Event], torn: Optional[Event] = None) -> None:
+        """Say where (and, inside a write, the file cut: `path`, `size`, `of`), then SIGKILL
+        every rank of this host (this one last)."""
+        self.written = self.torn = None  # its own record is no file of the save
         record = {"rank": self.rank, "where": where, "event": event, "time_ns": time.time_ns()}
+        if torn is not None:
+            record["torn"] = torn
         path = crash_record_path(self.run_dir)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -240,6 +300,13 @@ class Crasher:
             if pid != me:
                 _kill(pid)
         _kill(me)
+
+
+def size_words(size: int) -> str:
+    """`1.1 KiB`."""
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / 2**20:.1f} MiB"
 
 
 def _kill(pid: int) -> None:

@@ -10,6 +10,10 @@ events themselves: `open` for writing, `os.replace` / `rename` / `link` / `unlin
 (`torch.save`, DCP's `save` / `async_save`, safetensors' `save_file`). Only the outermost of
 nested calls is logged (`torch.save` opens its file), and only paths inside the folders given
 (the launch's run directory, the checkpoint's); the plugin's own files are left out.
+
+Two things are kept beside the events, for what a failed rank says in its status file: the
+last files opened for reading there (`reads`: what a resume read), and, on an exception out
+of a watched call, which call it was (`wrapping.tag_failure`: "os.replace onto step_4").
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ import time
 from typing import Any, Callable, Optional
 
 from .run_dir import PLUGIN_FILES, RANK_DIRS
-from .wrapping import Wrapper
+from .wrapping import Wrapper, tag_failure
 
 Event = dict[str, Any]
 """One event: `op`, `path` (and `to` for a rename or link), `after_step` (the last step
 recorded before it), `time_ns`, and `thread` when not the main thread (a background save)."""
 
 WRITE_MODES = set("wax+")
+READS_KEPT = 8
+"""How many of the last files opened for reading a rank keeps (`FileLog.reads`)."""
 
 
 class FileLog:
@@ -40,8 +46,11 @@ class FileLog:
         self.roots: list[str] = []
         self.after_step: Any = None
         self.listeners: list[Callable[[Event], None]] = []
-        self.before_listeners: list[Callable[[], None]] = []
-        """Called before each file call (a file written before it has been closed)."""
+        self.before_listeners: list[Callable[[Event], None]] = []
+        """Called before each file call (a file written before it has been closed), with the
+        call: `op` and `path` (its first path as given, "" when it has none)."""
+        self.reads: list[str] = []
+        """The last files inside the watched folders opened for reading, oldest first."""
         self._calls = Wrapper(__name__)
 
     def watch(self, *folders: Optional[str]) -> None:
@@ -97,17 +106,70 @@ class FileLog:
             if found:
                 self.log(op, *found)
 
-        self._calls.wrap(owner, name, logged, before=self._before)
+        failed = self._failed(op, paths)
+        before = self._before(op, paths)
+        self._calls.wrap(owner, name, logged, before=before, sees_arguments=True, failed=failed)
 
-    def _before(self) -> None:
-        for listener in self.before_listeners:
-            listener()
+    def _failed(self, op: str, paths: Callable[..., tuple]) -> Callable[..., None]:
+        """What tags an exception out of `op` with the call, when it was on a path inside
+        the watched folders: the rank's status file says it (`wrapping.failure_of`)."""
+
+        def failed(exc: BaseException, *args: Any, **kwargs: Any) -> None:
+            try:
+                found = [_path_of(p) for p in paths(*args, **kwargs)]
+            except Exception:
+                return
+            real = [self.inside(p) if p else None for p in found]
+            if not any(real):
+                return
+            call = {"op": op, "path": real[0] or found[0], "after_step": self.after_step}
+            if len(found) > 1:
+                call["to"] = real[1] or found[1]
+            if op == "open":
+                call["mode"] = _mode(*args, **kwargs)
+            call["error"] = f"{type(exc).__name__}: {exc}"
+            tag_failure(exc, call)
+
+        return failed
+
+    def _opened(self, file: Any, *args: Any, **kwargs: Any) -> None:
+        """An `open` returned: a write is an event, a read is kept in `reads`."""
+        if _opened_for_writing(file, *args, **kwargs):
+            self.log("open", file)
+            return
+        name = _path_of(file) if not isinstance(file, int) else None
+        real = self.inside(name) if name else None
+        if real is not None:
+            if real in self.reads:
+                self.reads.remove(real)
+            self.reads.append(real)
+            del self.reads[:-READS_KEPT]
+
+    def _before(self, op: str, paths: Callable[..., tuple]) -> Callable[..., None]:
+        def before(*args: Any, **kwargs: Any) -> None:
+            if not self.before_listeners:
+                return
+            try:
+                found = _path_of(next(iter(paths(*args, **kwargs)), None)) or ""
+            except Exception:
+                found = ""
+            call = {"op": op, "path": found}
+            for listener in self.before_listeners:
+                listener(call)
+
+        return before
 
     def install(self) -> None:
         """Wrap the calls that write files (the savers of torch, DCP and safetensors once
         imported: `after_import` of the restore log calls `install_savers`)."""
+        named = self._failed, self._before
+        failed, before = (
+            f("open", lambda f, *a, **k: () if isinstance(f, int) else (f,)) for f in named
+        )
         for owner in (builtins, io):
-            self._wrap(owner, "open", "open", _opened_for_writing)
+            self._calls.wrap(
+                owner, "open", self._opened, before=before, sees_arguments=True, failed=failed
+            )
         for name in ("replace", "rename", "link", "symlink"):
             self._wrap(os, name, f"os.{name}", lambda a, b, *r, **k: (a, b))
         for name in ("unlink", "remove", "rmdir"):
@@ -136,9 +198,13 @@ def _path_of(path: Any) -> Optional[str]:
     return getattr(path, "name", None) if isinstance(getattr(path, "name", None), str) else None
 
 
-def _opened_for_writing(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> tuple:
+def _mode(file: Any = None, mode: Any = "r", *args: Any, **kwargs: Any) -> str:
     mode = kwargs.get("mode", mode)
-    if isinstance(file, int) or not isinstance(mode, str) or not WRITE_MODES & set(mode):
+    return mode if isinstance(mode, str) else "r"
+
+
+def _opened_for_writing(file: Any, *args: Any, **kwargs: Any) -> tuple:
+    if isinstance(file, int) or not WRITE_MODES & set(_mode(file, *args, **kwargs)):
         return ()
     return (file,)
 

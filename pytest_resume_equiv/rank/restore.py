@@ -18,12 +18,12 @@ import os
 import sys
 import weakref
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .layout import ALL_DEVICES, DEVICE_KINDS, device_stream, file_target, stream_key
 from .patches import Patches
 from .trace import called_from_torch, user_frame
-from .wrapping import Wrapper
+from .wrapping import Wrapper, tagging
 
 Entry = dict[str, Any]
 """One restore: `call`, `what` (the audit's name of what it restored), `at` (the user's
@@ -120,11 +120,13 @@ class RestoreLog:
         call: str,
         what: Callable[..., Any],
         users_only: bool = False,
+        reads: Optional[Callable[..., str]] = None,
     ) -> None:
         """Replace `owner.attribute` with a function that calls the original, then logs.
         `users_only`: not when torch itself called it (an RNG state that activation
         checkpointing's recompute, `fork_rng` or DTensor's RNG tracker puts back is no
-        restore of the user's)."""
+        restore of the user's). `reads`: the path the call reads, which an exception out of it
+        says (`wrapping.tagging`: a torn file the load could not read)."""
 
         def logged(*args: Any, **kwargs: Any) -> None:
             try:
@@ -134,8 +136,9 @@ class RestoreLog:
             for name in names if isinstance(names, list) else [names]:
                 self.log(call, name)
 
+        failed = tagging(call, reads, lambda: self.after_step) if reads else None
         bookkeeping = (lambda: called_from_torch(3)) if users_only else None
-        self._calls.wrap(owner, attribute, logged, skip=bookkeeping)
+        self._calls.wrap(owner, attribute, logged, skip=bookkeeping, failed=failed)
 
     def install_torch(self) -> None:
         """Wrap torch's restore functions (the bootstrap calls it once torch is imported)."""
@@ -162,7 +165,7 @@ class RestoreLog:
             bases.append((amp.GradScaler, "GradScaler"))
         for base, kind in bases:
             self._wrap_family(base, kind)
-        self._wrap(torch, "load", "torch.load", _file_name)
+        self._wrap(torch, "load", "torch.load", _file_name, reads=_file_path)
         # Not imported here: importing DCP before the user's code changes how a gloo process
         # group is torn down (seen: accelerate's DDP hanging at exit). Wrapped once imported.
         self.after_import("safetensors.torch", self._wrap_safetensors)
@@ -170,10 +173,10 @@ class RestoreLog:
         self.after_import("torch.distributed.checkpoint.state_dict", self._wrap_dcp_helpers)
 
     def _wrap_safetensors(self, module: Any) -> None:
-        self._wrap(module, "load_file", "safetensors.torch.load_file", _file_name)
+        self._wrap(module, "load_file", "safetensors.torch.load_file", _file_name, reads=_file_path)
 
     def _wrap_dcp(self, module: Any) -> None:
-        self._wrap(module, "load", "torch.distributed.checkpoint.load", _dcp_file)
+        self._wrap(module, "load", "torch.distributed.checkpoint.load", _dcp_file, reads=_dcp_path)
 
     def _wrap_dcp_helpers(self, module: Any) -> None:
         for name in ("set_state_dict", "set_model_state_dict", "set_optimizer_state_dict"):
@@ -415,15 +418,22 @@ def _dcp_name(*args: Any, **kwargs: Any) -> list[Any]:
     return found or ["checkpoint"]
 
 
-def _dcp_file(*args: Any, checkpoint_id: Any = None, storage_reader: Any = None, **kw: Any) -> str:
+def _dcp_path(*args: Any, checkpoint_id: Any = None, storage_reader: Any = None, **kw: Any) -> str:
     path = checkpoint_id or getattr(storage_reader, "path", None)
-    return file_target(_absolute(path)) if path else "checkpoint"
+    return _absolute(path) if path else ""
+
+
+def _dcp_file(*args: Any, **kwargs: Any) -> str:
+    path = _dcp_path(*args, **kwargs)
+    return file_target(path) if path else "checkpoint"
+
+
+def _file_path(f: Any = None, *args: Any, **kwargs: Any) -> str:
+    return _absolute(f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", ""))
 
 
 def _file_name(f: Any = None, *args: Any, **kwargs: Any) -> str:
-    return file_target(
-        _absolute(f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", ""))
-    )
+    return file_target(_file_path(f))
 
 
 def _absolute(path: Any) -> str:

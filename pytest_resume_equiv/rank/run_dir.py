@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
-from typing import Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
 
 RANK_DIRS = ("signatures", "logs", "pids", "status")
 """The folders every launch writes into its run directory."""
@@ -184,6 +184,11 @@ class RankStatus:
     message: str = ""
     """The SystemExit argument ("exit") or "ExceptionType: text" ("error")."""
     traceback: str = ""
+    call: Optional[dict[str, Any]] = None
+    """"error": the watched file or load call the exception came out of (`op`, `path`, `to`,
+    `mode`, `after_step`, `error`; `rank/wrapping.py`), None when it came from elsewhere."""
+    read: list[str] = field(default_factory=list)
+    """The last files inside the run's folders the rank opened for reading, oldest first."""
 
 
 def write_status(run_dir: str, rank: int, status: RankStatus) -> None:
@@ -205,6 +210,8 @@ def read_status(run_dir: str, rank: int) -> Optional[RankStatus]:
             code=int(data.get("code", 0)),
             message=str(data.get("message", "")),
             traceback=str(data.get("traceback", "")),
+            call=data["call"] if isinstance(data.get("call"), dict) else None,
+            read=[str(p) for p in data.get("read") or []],
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

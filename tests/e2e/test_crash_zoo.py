@@ -2,6 +2,7 @@
 the save, then the trainer's own resume logic judged. The shipped twins (in place, latest
 first, delete previous) run in tests/e2e/test_examples.py."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -120,4 +121,70 @@ def test_crash_points(pytester):
         "what it restored is the uninterrupted run's state after step 4: its contents are from "
         "a later step than it claims, a staging race"
     ) in race
+    assert processes_mentioning(str(pytester.path)) == []
+
+
+TORN = """
+from pytest_resume_equiv import resume_equivalent
+import crashzoo
+
+ROOT = "{run_dir}/checkpoints"
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
+def test_saved_over_in_place(resume_equiv):
+    resume_equiv.run(crashzoo.train_saves_over_in_place, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points="all")
+def test_saved_over_by_replace(resume_equiv):
+    resume_equiv.run(crashzoo.train_saves_over_by_replace, checkpoint=ROOT)
+"""
+
+
+@pytest.mark.long(40)
+def test_killed_inside_a_write(pytester):
+    """A torch.save over the one checkpoint file at every save: killed halfway through the
+    write (the file cut to half its size), the resume reads a torn file. By default, as a
+    crash point inside every write over a file an earlier save left; its control (a
+    temporary, fsync, os.replace) passes every point, inside each of its writes too."""
+    shutil.copy(ZOO, pytester.path / "crashzoo.py")
+    pytester.makepyfile(test_torn=TORN)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+
+    in_place = section_of(text, "test_saved_over_in_place")
+    torn = r"\n  torn +rank 0: inside torch\.save\(checkpoints/ckpt\.pt\): cut to [\d.]+ KiB of "
+    assert re.search(torn, in_place), in_place
+    assert re.search(
+        r"on disk: checkpoints/\{ckpt\.pt [\d.]+ KiB\}\n +-> FAILED: crashed", in_place
+    )
+    assert re.search(  # the rank that fails first
+        r"-> FAILED: crashed on the torn checkpoint \(rank \d: RuntimeError: PytorchStreamReader "
+        r"failed reading zip archive: failed finding central directory\)\n",
+        in_place,
+    ), in_place
+    assert "first failing point (torn): rank 0: inside torch.save(checkpoints/ckpt.pt)" in in_place
+    cause = re.search(r"likely cause \(written in place\): (.*)", in_place)
+    assert cause is not None, in_place
+    assert re.search(
+        r"the kill inside torch\.save\(checkpoints/ckpt\.pt\) left it cut to [\d.]+ KiB of "
+        r"[\d.]+ KiB on disk, over the file the save at step 2 had written there \(the save "
+        r"writes in place, so its only copy is torn\), and the resumed run read it: "
+        r"torch\.load\(checkpoints/ckpt\.pt\) raised RuntimeError: PytorchStreamReader failed "
+        r"reading zip archive: failed finding central directory\. Fix: write the file to a "
+        r"temporary path beside it, flush and os\.fsync it, then os\.replace it onto the final "
+        r"path",
+        cause.group(1),
+    ), cause.group(1)
+    assert in_place.count("Fix:") == 1
+
+    control = section_of(text, "test_saved_over_by_replace")
+    assert "crash at split 4 passed (6 exact)" in control, control
+    for line in [
+        "torn      rank 0: inside torch.save(checkpoints/ckpt.pt.tmp): cut to ",
+        "event 2   rank 0: after os.replace(checkpoints/ckpt.pt.tmp -> checkpoints/ckpt.pt)",
+    ]:
+        assert line in control, line
     assert processes_mentioning(str(pytester.path)) == []

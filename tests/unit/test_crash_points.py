@@ -95,7 +95,20 @@ def test_crash_points_limits_or_widens_the_set():
     run = saving_run(ATOMIC)
     assert names(find_points(run, 4, (2, 4), ("last",), "/runs/u")) == [("last", "event", 5)]
     every = find_points(run, 4, (2, 4), "all", "/runs/u")
-    assert [p.name for p in every] == [f"event {i}" for i in range(6)] + ["returned"]
+    assert [p.name for p in every] == [  # inside each file's write too: a new one, not in place
+        "event 0",
+        "torn",
+        "event 1",
+        "torn",
+        "event 2",
+        "torn",
+        "event 3",
+        "event 4",
+        "torn",
+        "event 5",
+        "returned",
+    ]
+    assert {p.overwrites for p in every} == {None}
     assert names(find_points(run, 4, (2, 4), (2,), "/runs/u")) == [("event 2", "event", 2)]
     with pytest.raises(ResumeEquivError, match="event 9 does not exist; the save at step 4 has 6"):
         find_points(run, 4, (2, 4), (9,), "/runs/u")

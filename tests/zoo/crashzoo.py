@@ -218,3 +218,65 @@ def train_staging_race(ctx):
             staged = (ctx.checkpoint_for(step), step, model_copy)
         dist.barrier()
     dist.destroy_process_group()
+
+
+# --- One checkpoint file, saved over at every save (issue 43) --------------------------------
+
+
+def fsync_path(path):
+    """Flush a file's or a folder's data to disk (a folder: the names it holds)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def one_file_state(step, model, opt):
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
+
+
+def save_over_in_place(root, step, model, opt):
+    """The bug: torch.save straight over the one checkpoint file; a kill inside the write
+    leaves it torn, and it was the only copy."""
+    os.makedirs(root, exist_ok=True)
+    torch.save(one_file_state(step, model, opt), os.path.join(root, "ckpt.pt"))
+
+
+def save_over_by_replace(root, step, model, opt):
+    """The control: into a temporary beside it, fsynced, os.replace'd onto it, and the folder
+    fsynced: the file is either the old one or the new one, whole."""
+    os.makedirs(root, exist_ok=True)
+    tmp, final = os.path.join(root, "ckpt.pt.tmp"), os.path.join(root, "ckpt.pt")
+    torch.save(one_file_state(step, model, opt), tmp)
+    fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_path(root)
+
+
+def train_one_file(ctx, save):
+    """Resumes from `ckpt.pt` under the checkpoint root when there is one."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    path = os.path.join(root, "ckpt.pt")
+    start = 0
+    if os.path.exists(path):
+        state = torch.load(path, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = state["step"]
+    for step in range(start + 1, ctx.steps + 1):
+        train_step(model, opt, step, rank)
+        if step in ctx.splits:
+            if rank == 0:
+                save(root, step, model, opt)
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_saves_over_in_place(ctx):
+    train_one_file(ctx, save_over_in_place)
+
+
+def train_saves_over_by_replace(ctx):
+    train_one_file(ctx, save_over_by_replace)

@@ -1,0 +1,150 @@
+"""The causes of a failed crash point read from what the crash left on disk and what the
+resumed run did with it (`Stage.CRASH`, asked before the catch-all of at_check.py): a file
+the kill cut halfway through its write that the resume then read, written in place over the
+checkpoint it would resume from or written new.
+
+The input (`AfterCrash`) holds facts only: the file the crash launch cut (its crash record),
+and what the first failing rank of the resumed launch said in its status file (the watched
+call its exception came out of, the files it read last). Paths are relative to the run
+directory, where the crash and resumed launches lay out the same files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..rank.crasher import size_words
+from .at_check import CrashedAt
+from .classes import TORN_CHECKPOINT, WRITTEN_IN_PLACE
+from .rules import Finding, Rule, Stage
+
+WRITE_CALLS = (
+    "open",
+    "torch.save",
+    "safetensors.torch.save_file",
+    "os.replace",
+    "os.rename",
+    "os.link",
+    "os.symlink",
+    "os.unlink",
+    "os.remove",
+    "os.rmdir",
+    "shutil.rmtree",
+    "os.fsync",
+    "torch.distributed.checkpoint.save",
+    "torch.distributed.checkpoint.async_save",
+)
+"""The watched calls that write: one of them failing in the resumed run is a save failing."""
+SENTENCE_END = re.compile(r"(?<!\.)\. (?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class AfterCrash(CrashedAt):
+    """A crash point's facts: where it was killed (`point`, `where`), the file the kill cut
+    (`torn`: `path`, `size`, `of`, `op`, and `overwrites`, the step whose file it wrote over
+    in place, None for a new file), the resumed run's failed call (`failed`: `op`, `path`,
+    `to`, `mode`, `error`, `after_step`, `rank`), the files that rank read last (`read`),
+    its error (`message`) and the step it resumed from (`resumed_from`)."""
+
+    torn: Optional[dict[str, Any]] = None
+    failed: Optional[dict[str, Any]] = None
+    read: tuple[str, ...] = ()
+    message: str = ""
+    resumed_from: Optional[int] = None
+    on_disk: tuple[str, ...] = ()
+    """Paths the crash left (relative, folders too), for what a failed save ran into."""
+
+
+def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
+    """The torn file's facts when the resumed run read it: its failing call was on that
+    file, or, failing elsewhere (a parser after `open`), that file is the last it read."""
+    if not isinstance(crash, AfterCrash) or not crash.torn:
+        return None  # where and when only (at_check.CrashedAt): the catch-all's
+    failed = crash.failed or {}
+    path = crash.torn["path"]
+    torn = {
+        **crash.torn,
+        "size_words": size_words(int(crash.torn.get("size", 0))),
+        "of_words": size_words(int(crash.torn.get("of", 0))),
+    }
+    if failed.get("path") == path and failed.get("op") not in WRITE_CALLS[1:]:
+        mode = failed.get("mode", "r")
+        if failed.get("op") != "open" or not set("wax+") & set(mode):
+            how = f"{failed['op']}({path}) raised {short(failed.get('error') or crash.message)}"
+            return {**torn, "how": how}
+    if not failed.get("path") and crash.read and crash.read[-1] == path:
+        return {**torn, "how": f"it read {path} last, then failed: {short(crash.message)}"}
+    return None
+
+
+def short(error: str, limit: int = 120) -> str:
+    """An error's first sentence when it is long (torch's advice after a zip error)."""
+    error = error.strip()
+    end = SENTENCE_END.search(error)
+    if len(error) > limit and end is not None:
+        error = error[: end.start()]
+    return error.rstrip(".")
+
+
+def torn_in_place(crash: AfterCrash) -> Optional[Finding]:
+    """The kill came halfway through writing a file that held an earlier save's data at the
+    same path (the crash record says which file it cut, and to what size; the uninterrupted
+    run's events, that the path had been written before and was still there), and the
+    resumed run read that file: its failing call was on it, or it was the last file it read."""
+    found = _read_torn(crash)
+    if found is None or found.get("overwrites") is None:
+        return None
+    return Finding(f"rank {crash.failed.get('rank', 0)}" if crash.failed else "", found)
+
+
+def _cut(f: Finding) -> str:
+    return (
+        f"the kill inside {f['op']}({f['path']}) left it cut to {f['size_words']} of "
+        f"{f['of_words']}"
+    )
+
+
+def _in_place_words(f: Finding) -> str:
+    return (
+        f"{_cut(f)} on disk, over the file the save at step {f['overwrites']} had written "
+        f"there (the save writes in place, so its only copy is torn), and the resumed run "
+        f"read it: {f['how']}"
+    )
+
+
+def torn_read(crash: AfterCrash) -> Optional[Finding]:
+    """The kill came halfway through writing a new file of a checkpoint (the crash record
+    says which, and to what size), and the resumed run read it: it took a checkpoint that was
+    still being written for a complete one."""
+    found = _read_torn(crash)
+    if found is None:
+        return None
+    return Finding(f"rank {crash.failed.get('rank', 0)}" if crash.failed else "", found, "crash")
+
+
+def _torn_read_words(f: Finding) -> str:
+    return (
+        f"{_cut(f)} on disk, a checkpoint still being written, and the resumed run read it "
+        f"as a complete one: {f['how']}"
+    )
+
+
+RULES = (
+    Rule(
+        "crash.torn-file-written-in-place",
+        (Stage.CRASH,),
+        WRITTEN_IN_PLACE,
+        torn_in_place,
+        _in_place_words,
+    ),
+    Rule(
+        "crash.torn-file-read",
+        (Stage.CRASH,),
+        TORN_CHECKPOINT,
+        torn_read,
+        _torn_read_words,
+        after=("crash.torn-file-written-in-place",),
+    ),
+)

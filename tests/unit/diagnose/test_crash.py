@@ -1,0 +1,87 @@
+"""Stage.CRASH from what a crash left on disk and what the resumed run did with it
+(diagnose/at_crash.py): a file the kill cut halfway through its write that the resume read,
+written in place or new; the catch-all of at_check.py answers the rest."""
+
+from pytest_resume_equiv.diagnose import Stage, cause
+from pytest_resume_equiv.diagnose.at_crash import AfterCrash
+
+from .builders import fires, look_alike, named
+
+IN_PLACE = "crash.torn-file-written-in-place"
+TORN_READ = "crash.torn-file-read"
+CATCH_ALL = "crash.torn-by-the-crash"
+
+ZIP_ERROR = (
+    "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+    "directory. This is an internal miniz error. If you are seeing this error, there is a high "
+    "likelihood that your checkpoint file is corrupted."
+)
+WHERE = "rank 0: inside torch.save(checkpoints/ckpt.pt): cut to 1.3 KiB of 2.6 KiB, then killed"
+
+
+def torn(path="checkpoints/ckpt.pt", overwrites=2, op="torch.save"):
+    return {"path": path, "size": 1331, "of": 2662, "op": op, "overwrites": overwrites}
+
+
+def load_failed(path="checkpoints/ckpt.pt", op="torch.load", error=ZIP_ERROR):
+    return {"op": op, "path": path, "after_step": None, "error": error, "rank": 1}
+
+
+def crash(**facts):
+    return AfterCrash("torn", WHERE, **{"message": ZIP_ERROR, **facts})
+
+
+@fires(IN_PLACE)
+@look_alike(CATCH_ALL, wins=IN_PLACE)
+def test_a_file_cut_by_the_kill_over_an_earlier_save_and_read_back_was_written_in_place():
+    d = cause(Stage.CRASH, crash(torn=torn(), failed=load_failed()))
+    named(
+        d,
+        IN_PLACE,
+        "written in place",
+        "rank 1: the kill inside torch.save(checkpoints/ckpt.pt) left it cut to 1.3 KiB of "
+        "2.6 KiB on disk, over the file the save at step 2 had written there (the save writes "
+        "in place, so its only copy is torn), and the resumed run read it: "
+        "torch.load(checkpoints/ckpt.pt) raised RuntimeError: PytorchStreamReader failed "
+        "reading zip archive: failed finding central directory",
+        "write the file to a temporary path beside it, flush and os.fsync it, then os.replace",
+    )
+    assert "This is an internal miniz error" not in d.cause  # torch's advice, left out
+
+
+@fires(TORN_READ)
+@look_alike(IN_PLACE, wins=TORN_READ)
+def test_a_new_file_cut_by_the_kill_and_read_back_is_a_checkpoint_taken_before_complete():
+    """A file the save created (no earlier save had written that path): no copy of the
+    step before was lost, the resume took a checkpoint that was still being written."""
+    marker = torn("checkpoints/step_4/meta.json", overwrites=None, op="open")
+    parser = "JSONDecodeError: Unterminated string starting at: line 1 column 2 (char 1)"
+    d = cause(
+        Stage.CRASH,
+        crash(torn=marker, read=("checkpoints/step_4/model.pt", marker["path"]), message=parser),
+    )
+    named(
+        d,
+        TORN_READ,
+        "torn checkpoint",
+        "the kill inside open(checkpoints/step_4/meta.json) left it cut to 1.3 KiB of 2.6 KiB on "
+        "disk, a checkpoint still being written, and the resumed run read it as a complete one: "
+        "it read checkpoints/step_4/meta.json last, then failed: JSONDecodeError: Unterminated",
+        "write each checkpoint into a temporary folder and rename it once complete",
+    )
+
+
+@look_alike(TORN_READ, wins=CATCH_ALL)
+def test_a_torn_file_the_resume_did_not_read_is_not_blamed():
+    """The kill cut a file, yet the resume failed on another one, or read the torn one but
+    not last, or only wrote it: the crash is to blame, not that file."""
+    elsewhere = load_failed(path="checkpoints/optim.pt")
+    written = {**load_failed(), "op": "open", "mode": "wb"}
+    for facts in (
+        {"torn": torn(), "failed": elsewhere},
+        {"torn": torn(), "read": ("checkpoints/ckpt.pt", "checkpoints/latest")},
+        {"torn": torn(), "failed": written},
+        {"torn": None, "failed": load_failed()},
+    ):
+        d = cause(Stage.CRASH, crash(**facts))
+        assert d is not None and d.rule == CATCH_ALL, (facts, d and d.rule)
