@@ -268,14 +268,21 @@ class Planner:
         source: PlannedLaunch,
         save_at: Sequence[int] = (),
         phase: Optional[str] = None,
+        own_root: bool = False,
     ) -> PlannedLaunch:
         """A launch that loads `source`'s checkpoint at `split`, compared with `reference`;
-        in a chain it saves at the later splits (`save_at`) for the next link."""
-        source_values = {**source.spec.context.template_values, "split": split}
-        checkpoint = self.checkpoint_of(source_values)
+        in a chain it saves at the later splits (`save_at`) for the next link. `own_root`
+        (interrupt="crash"): it resumes from its own run directory, where its check lays out
+        what `source` left before it runs, so `{checkpoint}` and `ctx.checkpoint_for` name
+        its own folders and it saves where it resumed, as a restarted job does."""
         run_dir = os.path.join(self.root, name)
         marker = self.marker
         values = self.values(run_dir, split, marker.splits, marker.steps, resumed=True)
+        source_values = {
+            **(values if own_root else source.spec.context.template_values),
+            "split": split,
+        }
+        checkpoint = self.checkpoint_of(source_values)
         args = self.command({**values, "checkpoint": checkpoint}, resumed=True)
         context = dataclasses.replace(
             self.context(phase or role, values, checkpoint, marker.splits, save_at),

@@ -20,7 +20,7 @@ from ..compare.comparators import Comparator, Run
 from ..compare.gate import GateFacts
 from ..compare.jsonable import NOT_IN_JSON
 from ..diagnose import Diagnosis
-from ..diagnose.at_crash import AfterCrash, short
+from ..diagnose.at_crash import WRITE_CALLS, AfterCrash, saving_words, short
 from ..launch.running import LaunchResult
 from ..rank.crasher import relative
 from ..rank.run_dir import RankStatus, read_status, user_files
@@ -106,6 +106,9 @@ def judge_after_crash(
     if result.timed_out:
         return _set(row, FAILED, f"hung on the torn checkpoint ({_crash_text(result)})")
     if not result.ok:
+        saving = could_not_save(result.spec.run_dir, result.spec.world_size, run)
+        if saving:
+            return _set(row, FAILED, saving)
         refused = refused_deliberately(result.spec.run_dir, result.spec.world_size)
         if not refused:
             return _set(row, FAILED, f"crashed on the torn checkpoint ({_crash_text(result)})")
@@ -193,6 +196,26 @@ def failing_rank(run_dir: str, world_size: int) -> Optional[tuple[int, RankStatu
     return next((item for item in raised if item[1].call), raised[0] if raised else None)
 
 
+def _saving_call(status: RankStatus, start: Optional[int]) -> bool:
+    call = status.call or {}
+    if call.get("op") not in WRITE_CALLS or call.get("after_step") is None:
+        return False
+    if call.get("op") == "open" and not set("wax+") & set(str(call.get("mode", "r"))):
+        return False
+    return start is None or int(call["after_step"]) > start
+
+
+def could_not_save(run_dir: str, world_size: int, run: Optional[Run]) -> str:
+    """A resumed run that trained, then failed in a write call of its own save: "the
+    restarted job could not save step 4: os.replace onto the existing checkpoints/step_4:
+    Directory not empty"; "" otherwise."""
+    found = failing_rank(run_dir, world_size)
+    if found is None or not _saving_call(found[1], _start(run)):
+        return ""
+    call = relative_call(found[1].call or {}, run_dir)
+    return f"the restarted job could not save step {call['after_step']}: {saving_words(call)}"
+
+
 def relative_call(call: dict[str, Any], *run_dirs: str) -> dict[str, Any]:
     """A failed call with its paths as the report shows them."""
     shown = dict(call)
@@ -243,4 +266,4 @@ def read_crash_record(path: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["Row", "after_crash", "judge_after_crash", "read_crash_record"]
+__all__ = ["Row", "after_crash", "could_not_save", "judge_after_crash", "read_crash_record"]

@@ -2,9 +2,12 @@
 uninterrupted run's file events show, and judge what the trainer's own resume logic does then.
 
 The points are known only once the uninterrupted launch has run, so this check plans its
-launches then: per point one crash launch (every rank SIGKILLed at the point, `rank/crash.py`)
-and one resumed launch given the checkpoint root as the user wrote it. One verdict: a table
-of the points, and the first failing point's full judgement.
+launches then: per point one crash launch (every rank SIGKILLed at the point,
+`rank/crasher.py`) and one resumed launch, run as a restarted job: before it starts, what the
+crash launch left in its run directory is laid out in the resumed launch's own, and its
+`{run_dir}` and `{checkpoint}` name that one, so it resumes from and saves into the same
+folders whatever form the test is written in. One verdict: a table of the points, and the
+first failing point's full judgement.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from .after_crash import (
     read_crash_record,
 )
 from .base import Check, Judging, Outcome, Verdict
-from .crash_points import CrashPoint, crashed_where, find_points, on_disk
+from .crash_points import CrashPoint, crashed_where, find_points, lay_out, on_disk
 from .launches import one_group, uninterrupted_of
 from .resume import ResumeLike, format_diagnosis
 
@@ -39,7 +42,7 @@ GROUPS = (
 )
 
 
-CAUSED_BY_THE_CRASH = (TORN, "crashed on the torn checkpoint")
+CAUSED_BY_THE_CRASH = (TORN, "crashed on the torn checkpoint", "the restarted job could not save")
 """The failed rows whose cause is what the crash left (`Stage.CRASH`), not one object's
 restore."""
 
@@ -141,7 +144,9 @@ class Crash(Check):
             )
             context = dataclasses.replace(crash.spec.context, crash=point.to_context())
             crash.spec = dataclasses.replace(crash.spec, context=context)
-            resumed = planner.resuming(f"resumed-{name}", "resumed", self.split, self.full, crash)
+            resumed = planner.resuming(
+                f"resumed-{name}", "resumed", self.split, self.full, crash, own_root=True
+            )
             context = dataclasses.replace(resumed.spec.context, picks_checkpoint=True)
             resumed.spec = dataclasses.replace(resumed.spec, context=context)
             crash.may_fail = resumed.may_fail = True
@@ -159,6 +164,7 @@ class Crash(Check):
         result = judge.result(pair.crash)
         if record is not None:
             pair.row.where = result.crashed = crashed_where(record, run_dir)
+            lay_out(run_dir, pair.resumed.spec.run_dir)  # the restarted job's folders
             return
         how = "finished" if result.ok else f"ended ({result.status})"
         pair.row.status = "not reached"

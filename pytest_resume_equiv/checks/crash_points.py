@@ -13,6 +13,7 @@ window's events of its kind of thread, which the crash launch's ranks count the 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -32,7 +33,7 @@ from ..rank.crasher import (
     size_words,
     thread_kind,
 )
-from ..rank.run_dir import user_files
+from ..rank.run_dir import PLUGIN_FILES, RANK_DIRS, user_files
 
 NAMES = ("first", "middle", "last", "returned", "pointer", "torn")
 """The points `crash_points=` may name; None means all of them, "all" every event too, and
@@ -269,6 +270,28 @@ def on_disk(run_dir: str, limit: int = 10) -> str:
     return ", ".join(parts[:limit]) + more
 
 
+def lay_out(crash_dir: str, run_dir: str) -> None:
+    """Copy what the training wrote into `crash_dir` (not the plugin's own files) into
+    `run_dir`: folders (empty ones too), files, and links as they are (a broken one too; one
+    into `crash_dir` points into `run_dir` instead): the layout a restarted job finds."""
+    for folder, dirnames, filenames in os.walk(crash_dir):
+        if folder == crash_dir:
+            dirnames[:] = [d for d in dirnames if d not in RANK_DIRS]
+            filenames = [f for f in filenames if f not in PLUGIN_FILES]
+        into = os.path.join(run_dir, os.path.relpath(folder, crash_dir))
+        os.makedirs(into, exist_ok=True)
+        for name in [*dirnames, *filenames]:
+            source, target = os.path.join(folder, name), os.path.join(into, name)
+            if os.path.islink(source):
+                link = os.readlink(source)
+                if os.path.isabs(link) and not os.path.isabs(relative(link, crash_dir)):
+                    link = os.path.join(run_dir, relative(link, crash_dir))
+                os.symlink(link, target)
+            elif name in filenames:
+                shutil.copy2(source, target)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(folder, d))]
+
+
 def crashed_where(record: Optional[dict[str, Any]], run_dir: str) -> str:
     """The crash record's point, in the report's words."""
     if record is None:
@@ -276,4 +299,4 @@ def crashed_where(record: Optional[dict[str, Any]], run_dir: str) -> str:
     return f"rank {record.get('rank')}: {record.get('where', '?')}"
 
 
-__all__ = ["NAMES", "CrashPoint", "crashed_where", "find_points", "on_disk", "relative"]
+__all__ = ["NAMES", "CrashPoint", "crashed_where", "find_points", "lay_out", "on_disk", "relative"]

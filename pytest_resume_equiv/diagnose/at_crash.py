@@ -1,7 +1,8 @@
 """The causes of a failed crash point read from what the crash left on disk and what the
 resumed run did with it (`Stage.CRASH`, asked before the catch-all of at_check.py): a file
 the kill cut halfway through its write that the resume then read, written in place over the
-checkpoint it would resume from or written new.
+checkpoint it would resume from or written new; and a restarted job that could not save
+into what the crash left.
 
 The input (`AfterCrash`) holds facts only: the file the crash launch cut (its crash record),
 and what the first failing rank of the resumed launch said in its status file (the watched
@@ -11,13 +12,14 @@ directory, where the crash and resumed launches lay out the same files.
 
 from __future__ import annotations
 
+import errno
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..rank.crasher import size_words
 from .at_check import CrashedAt
-from .classes import TORN_CHECKPOINT, WRITTEN_IN_PLACE
+from .classes import SAVE_BLOCKED_BY_THE_CRASH, TORN_CHECKPOINT, WRITTEN_IN_PLACE
 from .rules import Finding, Rule, Stage
 
 WRITE_CALLS = (
@@ -131,6 +133,57 @@ def _torn_read_words(f: Finding) -> str:
     )
 
 
+def save_blocked(crash: AfterCrash) -> Optional[Finding]:
+    """The resumed run loaded what the crash left, trained on, and a call of its own save
+    failed (its status names the watched write call its exception came out of, after a step
+    later than the one it resumed from): the restarted job cannot save into what the crash
+    left, e.g. `os.replace` onto a complete `step_k` the crash had renamed into place."""
+    failed = crash.failed if isinstance(crash, AfterCrash) else None
+    if not failed or failed.get("op") not in WRITE_CALLS or failed.get("after_step") is None:
+        return None
+    if failed.get("op") == "open" and not set("wax+") & set(failed.get("mode", "r")):
+        return None
+    step = int(failed["after_step"])
+    if crash.resumed_from is not None and step <= crash.resumed_from:
+        return None  # before it trained: a refusal or a clean-up, not its save
+    onto = failed.get("to") or failed.get("path")
+    return Finding(
+        f"rank {failed.get('rank', 0)}",
+        {
+            "step": step,
+            "call": saving_words(failed),
+            "onto": onto if onto in crash.on_disk else "",
+            "resumed_from": crash.resumed_from,
+            "point": crash.point,
+        },
+    )
+
+
+def saving_words(failed: dict[str, Any]) -> str:
+    """`os.replace onto the existing checkpoints/step_4: Directory not empty`."""
+    error = str(failed.get("error", ""))
+    number = re.search(r"\[Errno (\d+)\] ", error)
+    reason = error[number.end() :] if number else error
+    reason = reason.split(": '", 1)[0]
+    if failed.get("to"):
+        there = number is not None and int(number.group(1)) in (errno.ENOTEMPTY, errno.EEXIST)
+        return f"{failed['op']} onto {'the existing ' * there}{failed['to']}: {reason}"
+    return f"{failed['op']}({failed.get('path', '')}): {reason}"
+
+
+def _blocked_words(f: Finding) -> str:
+    left = f"; the crash at '{f['point']}' had left {f['onto']} in place" if f["onto"] else ""
+    since = (
+        f"it resumed from step {f['resumed_from']}, redid the steps up to {f['step']} and "
+        if f["resumed_from"] is not None
+        else ""
+    )
+    return (
+        f"the restarted job could not save step {f['step']}: {f['call']}{left}: {since}its "
+        "save cannot write over what the crash left, so every restart fails the same way"
+    )
+
+
 RULES = (
     Rule(
         "crash.torn-file-written-in-place",
@@ -146,5 +199,12 @@ RULES = (
         torn_read,
         _torn_read_words,
         after=("crash.torn-file-written-in-place",),
+    ),
+    Rule(
+        "crash.restarted-job-could-not-save",
+        (Stage.CRASH,),
+        SAVE_BLOCKED_BY_THE_CRASH,
+        save_blocked,
+        _blocked_words,
     ),
 )

@@ -50,6 +50,7 @@ from .classes import (
     RESTORED_TOO_LATE,
     RESTORED_WRONG,
     SAME_DATA_ON_EVERY_RANK,
+    SAVE_BLOCKED_BY_THE_CRASH,
     SAVED_WRONG_BY_ITS_WRITER,
     SCHEDULER_COUNTER_ONLY,
     SCHEDULER_PER_MICRO_STEP,
@@ -220,6 +221,12 @@ CLASSES: dict[str, BugClass] = {
         BugClass(
             RESTORED_WRONG,
             "save the stream's state after the step that ends at the split, next to the weights",
+        ),
+        BugClass(
+            SAVE_BLOCKED_BY_THE_CRASH,
+            "make a redone save replace what a crash left: remove an existing step_k "
+            "(shutil.rmtree) before os.replace(tmp-step_k, step_k), or resume from the newest "
+            "complete step_k rather than only the one a pointer names",
         ),
         BugClass(
             SAVED_WRONG_BY_ITS_WRITER,

@@ -212,12 +212,12 @@ class Crasher:
     def before_call(self, call: Optional[Event] = None) -> None:
         """A file call starts (`call`: its `op` and `path`): a file opened for writing at the
         point has been written, unless the call may write into it still (`torch.save` into
-        the open file, or into a stream with no name; its `os.fsync` says it was written)."""
+        the open file, or into a stream with no name, as DCP's writer does)."""
         torn = self.torn
         if torn is not None and threading.current_thread() is torn[1]:
             path = os.path.realpath(call["path"]) if call and call.get("path") else ""
-            written = call is None or path not in ("", torn[0].get("path"))
-            if written or (path and call.get("op") == "os.fsync"):
+            into = call is not None and call.get("op") == "torch.save"
+            if not into or path not in ("", torn[0].get("path")):
                 self.cut(torn[0])
         if self.written is not None and threading.current_thread() is threading.main_thread():
             where = relative(str(self.written.get("path", "")), self.run_dir)

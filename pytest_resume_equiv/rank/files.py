@@ -19,6 +19,7 @@ of a watched call, which call it was (`wrapping.tag_failure`: "os.replace onto s
 from __future__ import annotations
 
 import builtins
+import collections
 import io
 import os
 import shutil
@@ -49,8 +50,9 @@ class FileLog:
         self.before_listeners: list[Callable[[Event], None]] = []
         """Called before each file call (a file written before it has been closed), with the
         call: `op` and `path` (its first path as given, "" when it has none)."""
-        self.reads: list[str] = []
-        """The last files inside the watched folders opened for reading, oldest first."""
+        self._opened_to_read: collections.deque[str] = collections.deque(maxlen=8 * READS_KEPT)
+        """The last files opened for reading anywhere (absolute, as opened): `reads` keeps
+        those in the watched folders, resolved only when asked."""
         self._calls = Wrapper(__name__)
 
     def watch(self, *folders: Optional[str]) -> None:
@@ -138,12 +140,20 @@ class FileLog:
             self.log("open", file)
             return
         name = _path_of(file) if not isinstance(file, int) else None
-        real = self.inside(name) if name else None
-        if real is not None:
-            if real in self.reads:
-                self.reads.remove(real)
-            self.reads.append(real)
-            del self.reads[:-READS_KEPT]
+        if name:
+            self._opened_to_read.append(os.path.abspath(name))
+
+    @property
+    def reads(self) -> list[str]:
+        """The last files inside the watched folders opened for reading, oldest first."""
+        found: list[str] = []
+        for name in reversed(self._opened_to_read):
+            real = self.inside(name)
+            if real is not None and real not in found:
+                found.insert(0, real)
+            if len(found) == READS_KEPT:
+                break
+        return found
 
     def _before(self, op: str, paths: Callable[..., tuple]) -> Callable[..., None]:
         def before(*args: Any, **kwargs: Any) -> None:

@@ -188,3 +188,69 @@ def test_killed_inside_a_write(pytester):
     ]:
         assert line in control, line
     assert processes_mentioning(str(pytester.path)) == []
+
+
+RESTARTED = """
+from pytest_resume_equiv import resume_equivalent
+import crashzoo
+
+ROOT = "{run_dir}/checkpoints"
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash")
+def test_renames_onto_what_the_crash_left(resume_equiv):
+    resume_equiv.run(crashzoo.train_renames_onto_what_the_crash_left, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["middle"])
+def test_renames_onto_what_the_crash_left_one_root(resume_equiv):
+    resume_equiv.run(crashzoo.train_renames_onto_what_the_crash_left_one_root, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points="all")
+def test_renames_after_clearing(resume_equiv):
+    resume_equiv.run(crashzoo.train_renames_after_clearing, checkpoint=ROOT)
+"""
+
+
+@pytest.mark.long(45)
+def test_the_restarted_job_saves_where_it_resumed(pytester):
+    """tmp-step_k, fsync, os.replace to step_k, then `latest`: killed after the rename, the
+    restarted job resumes from `latest` (step 2), redoes step 4 and cannot rename onto the
+    complete step_4 the crash left. Written as users write it first (resume from
+    {checkpoint}, save under {run_dir}), the resumed launch used to save into an empty folder
+    of its own and pass; it now gets the crash's layout in its own run directory, both forms
+    alike. The control removes a step_k the crash left before the rename."""
+    shutil.copy(ZOO, pytester.path / "crashzoo.py")
+    pytester.makepyfile(test_restarted=RESTARTED)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=2)
+
+    row = "middle         rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)"
+    why = (
+        "-> FAILED: the restarted job could not save step 4: os.replace onto the existing "
+        "checkpoints/step_4: Directory not empty"
+    )
+    cause = (
+        "likely cause (save blocked by what the crash left): rank 0: the restarted job could "
+        "not save step 4: os.replace onto the existing checkpoints/step_4: Directory not empty; "
+        "the crash at 'middle' had left checkpoints/step_4 in place: it resumed from step 2, "
+        "redid the steps up to 4 and its save cannot write over what the crash left, so every "
+        "restart fails the same way. Fix: make a redone save replace what a crash left: "
+        "remove an existing step_k (shutil.rmtree) before os.replace(tmp-step_k, step_k)"
+    )
+    first = section_of(text, "test_renames_onto_what_the_crash_left")
+    assert row in first and why in first, first
+    assert "first failing point (middle): rank 0: after os.replace(" in first
+    assert cause in first and first.count("Fix:") == 1, first
+    one_root = section_of(text, "test_renames_onto_what_the_crash_left_one_root")
+    assert why in one_root and cause in one_root, one_root
+
+    control = section_of(text, "test_renames_after_clearing")
+    assert "crash at split 4 passed (13 exact)" in control, control
+    assert (
+        "event 4   rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)"
+        in control
+    )
+    assert processes_mentioning(str(pytester.path)) == []

@@ -126,6 +126,12 @@ def test_a_file_opened_for_writing_is_cut_once_its_thread_goes_on_to_another_fil
     assert kills == []
     crasher.before_call({"op": "os.fsync", "path": str(path)})  # its fsync: it was written
     assert path.read_text() == '{"ste' and len(kills) == 3
+    kills.clear()
+    again = Crasher(torn_point(), 0, (2, 4), str(tmp_path))
+    again.on_event(event("open", str(path)))
+    path.write_text('{"step": 4}')
+    again.before_call({"op": "os.replace", "path": str(path)})  # renamed: it was written
+    assert path.read_text() == '{"ste' and len(kills) == 3
     assert record(tmp_path)["where"].startswith("inside open(meta.json): cut to 5 B of 11 B")
 
 

@@ -280,3 +280,68 @@ def train_saves_over_in_place(ctx):
 
 def train_saves_over_by_replace(ctx):
     train_one_file(ctx, save_over_by_replace)
+
+
+# --- A redone step's rename onto the folder the crash left (issue 43) ------------------------
+
+
+def save_renamed_then_pointed(root, step, model, opt, clear=False):
+    """tmp-step_k, fsync, os.replace to step_k, fsync the root, then move `latest`. Killed
+    after the rename and before `latest` moves, a restarted job that resumes from `latest`
+    redoes step k, and its os.replace onto the complete step_k fails: Directory not empty.
+    `clear` (the control): remove a step_k a crash left before the rename."""
+    tmp, final = os.path.join(root, f"tmp-step_{step}"), os.path.join(root, f"step_{step}")
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+    write_step(tmp, step, model.state_dict(), opt.state_dict())
+    if clear and os.path.isdir(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_path(root)
+    point_to(root, f"step_{step}")
+
+
+def save_renamed_then_pointed_clearing(root, step, model, opt):
+    save_renamed_then_pointed(root, step, model, opt, clear=True)
+
+
+def from_pointer(root):
+    """The folder `latest` names when it is complete, else None: start over."""
+    found = latest(root) if os.path.exists(os.path.join(root, "latest")) else None
+    return found if found and os.path.basename(found) != "latest" else None
+
+
+def train_from_pointer(ctx, save, one_root):
+    """Resumes from the checkpoint root it is given (`{checkpoint}`) and saves under its own
+    `{run_dir}`, as a trainer with --resume-from and --output-dir does; `one_root`: saves
+    into the root it resumed from too."""
+    rank, model, opt = setup(ctx)
+    given = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    root = given if one_root else os.path.join(ctx.run_dir, "checkpoints")
+    found = from_pointer(given)
+    start = 0
+    if found:
+        model.load_state_dict(torch.load(os.path.join(found, "model.pt"), weights_only=True))
+        opt.load_state_dict(torch.load(os.path.join(found, "optim.pt"), weights_only=True))
+        with open(os.path.join(found, "meta.json")) as f:
+            start = json.load(f)["step"]
+    for step in range(start + 1, ctx.steps + 1):
+        train_step(model, opt, step, rank)
+        if step in ctx.splits:
+            if rank == 0:
+                os.makedirs(root, exist_ok=True)
+                save(root, step, model, opt)
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_renames_onto_what_the_crash_left(ctx):
+    train_from_pointer(ctx, save_renamed_then_pointed, one_root=False)
+
+
+def train_renames_onto_what_the_crash_left_one_root(ctx):
+    train_from_pointer(ctx, save_renamed_then_pointed, one_root=True)
+
+
+def train_renames_after_clearing(ctx):
+    train_from_pointer(ctx, save_renamed_then_pointed_clearing, one_root=False)

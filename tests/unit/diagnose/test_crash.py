@@ -85,3 +85,50 @@ def test_a_torn_file_the_resume_did_not_read_is_not_blamed():
     ):
         d = cause(Stage.CRASH, crash(**facts))
         assert d is not None and d.rule == CATCH_ALL, (facts, d and d.rule)
+
+
+# A restarted job's own save
+
+
+SAVE_BLOCKED = "crash.restarted-job-could-not-save"
+
+
+def replace_failed(after_step=4):
+    return {
+        "op": "os.replace",
+        "path": "checkpoints/tmp-step_4",
+        "to": "checkpoints/step_4",
+        "after_step": after_step,
+        "error": "OSError: [Errno 39] Directory not empty: '/r/tmp-step_4' -> '/r/step_4'",
+        "rank": 0,
+    }
+
+
+LEFT = ("checkpoints", "checkpoints/latest", "checkpoints/step_2", "checkpoints/step_4")
+
+
+@fires(SAVE_BLOCKED)
+def test_a_resumed_run_whose_redone_save_cannot_replace_what_the_crash_left_is_blocked():
+    middle = "rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)"
+    facts = AfterCrash("middle", middle, failed=replace_failed(), resumed_from=2, on_disk=LEFT)
+    named(
+        cause(Stage.CRASH, facts),
+        SAVE_BLOCKED,
+        "save blocked by what the crash left",
+        "rank 0: the restarted job could not save step 4: os.replace onto the existing "
+        "checkpoints/step_4: Directory not empty; the crash at 'middle' had left "
+        "checkpoints/step_4 in place: it resumed from step 2, redid the steps up to 4 and its "
+        "save cannot write over what the crash left, so every restart fails the same way",
+        "remove an existing step_k (shutil.rmtree) before os.replace(tmp-step_k, step_k)",
+    )
+
+
+@look_alike(SAVE_BLOCKED, wins=CATCH_ALL)
+def test_a_write_that_fails_before_the_resumed_run_trained_is_no_save_of_its_own():
+    """Clearing what the crash left before the first resumed step (after_step 2, where it
+    resumed from), or a file opened for reading: the crash, not a save, is to blame."""
+    read = {**load_failed("checkpoints/latest", op="open"), "mode": "r"}
+    for failed in (replace_failed(after_step=2), read):
+        facts = AfterCrash("middle", "x", failed=failed, resumed_from=2, on_disk=LEFT)
+        d = cause(Stage.CRASH, facts)
+        assert d is not None and d.rule == CATCH_ALL, (failed, d and d.rule)
