@@ -147,7 +147,9 @@ class FileLog:
     def reads(self) -> list[str]:
         """The last files inside the watched folders opened for reading, oldest first."""
         found: list[str] = []
-        for name in reversed(self._opened_to_read):
+        # a copy first: another thread (a background save) may open a file meanwhile, and a
+        # deque changed while it is iterated raises; its C copy runs under the GIL whole
+        for name in reversed(self._opened_to_read.copy()):
             real = self.inside(name)
             if real is not None and real not in found:
                 found.insert(0, real)

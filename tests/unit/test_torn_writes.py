@@ -244,3 +244,30 @@ def test_a_failed_points_facts_come_from_the_crash_record_and_the_resumed_ranks_
     assert facts.failed == {**call, "path": "checkpoints/ckpt.pt", "rank": 0}
     assert facts.read == ("checkpoints/ckpt.pt",) and facts.message == "RuntimeError: torn ..."
     assert facts.on_disk == ("checkpoints", "checkpoints/ckpt.pt")
+
+
+def test_the_files_read_are_listed_while_another_thread_opens_more(tmp_path):
+    """A background save thread opening files while the rank's status is written: reading
+    the list never sees it change under it (it raised 'deque mutated during iteration')."""
+    import threading
+
+    from pytest_resume_equiv.rank.files import FileLog
+
+    log = FileLog()
+    log.watch(str(tmp_path))
+    stop = threading.Event()
+
+    def opening() -> None:
+        n = 0
+        while not stop.is_set():
+            log._opened_to_read.append(str(tmp_path / f"f{n % 50}"))
+            n += 1
+
+    thread = threading.Thread(target=opening)
+    thread.start()
+    try:
+        for _ in range(2000):
+            assert len(log.reads) <= 50
+    finally:
+        stop.set()
+        thread.join()
