@@ -37,7 +37,7 @@ def _torch_requirement() -> str:
     return f"torch=={version}"
 
 
-@pytest.mark.long(150)
+@pytest.mark.long(90)
 def test_a_wheel_with_its_declared_dependencies_runs_the_examples(tmp_path):
     torch_requirement = _torch_requirement()
     source = tmp_path / "source"
