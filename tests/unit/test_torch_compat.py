@@ -1,11 +1,15 @@
 """The switches between torch releases (rank/torch_compat.py), each path run on this torch:
 the stand-in for an API an older torch lacks is forced here, to be checked against the API."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from pytest_resume_equiv.rank import torch_compat
 from pytest_resume_equiv.rank.patches import PATCHES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Outer(torch.nn.Module):
@@ -105,3 +109,10 @@ def test_versions_are_placed_against_the_tested_matrix_by_minor_release():
 def test_the_features_of_this_torch_are_named():
     found = torch_compat.features()
     assert len(found) == 3 and found[1].startswith("FSDP2 fully_shard: torch.distributed.")
+
+
+def test_the_support_page_lists_the_tested_corners():
+    """docs/reference/support.md's table and TESTED (what doctor compares with) agree."""
+    page = (ROOT / "docs" / "reference" / "support.md").read_text()
+    for python, version in torch_compat.TESTED:
+        assert f"| {python} | {version} |" in page, (python, version)
