@@ -187,6 +187,18 @@ def find_checkpoint(saver: str, root: str) -> Optional[str]:
     return done[-1] if done else None
 
 
+def broadcast_path(path: Optional[str]) -> Optional[str]:
+    """Rank 0's `path` on every rank, sent as bytes in a tensor: torch's object collectives
+    (`broadcast_object_list`) need numpy, which torch does not install."""
+    size = torch.tensor([-1 if path is None else len(path.encode())])
+    dist.broadcast(size, src=0)
+    if size.item() < 0:
+        return None
+    data = torch.tensor(list(path.encode()) if path is not None else [0] * size.item())
+    dist.broadcast(data, src=0)
+    return bytes(data.tolist()).decode()
+
+
 def load_checkpoint(folder: str, model: nn.Module, optimizer) -> int:
     """Load `folder` into `model` and `optimizer`; return the step it was saved after."""
     # Our own files, written above: weights_only loading is safe.
@@ -208,19 +220,18 @@ def main() -> None:
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 
     # Rank 0 picks the checkpoint, so that every rank loads the same one.
-    picked = [find_checkpoint(args.saver, args.ckpt_root) if rank == 0 else None]
-    dist.broadcast_object_list(picked, src=0)
+    picked = broadcast_path(find_checkpoint(args.saver, args.ckpt_root) if rank == 0 else None)
     start = 1
-    if picked[0] is None:
+    if picked is None:
         if rank == 0:
             print(
                 f"no complete checkpoint under {args.ckpt_root}: starting from step 0",
                 file=sys.stderr,
             )
     else:
-        start = load_checkpoint(picked[0], model, optimizer) + 1
+        start = load_checkpoint(picked, model, optimizer) + 1
         if rank == 0:
-            print(f"resuming from {picked[0]} (step {start - 1})", file=sys.stderr)
+            print(f"resuming from {picked} (step {start - 1})", file=sys.stderr)
 
     losses: dict[int, float] = {}
     for step in range(start, args.max_steps + 1):

@@ -69,7 +69,16 @@ def versions(import_module: Importer = importlib.import_module) -> list[Row]:
             )
         ]
     version = getattr(torch, "__version__", "unknown")
-    return [_row("versions", OK, f"torch {version}, pytest-resume-equiv {__version__}, {python}")]
+    rows = [_row("versions", OK, f"torch {version}, pytest-resume-equiv {__version__}, {python}")]
+    if not isinstance(version, str) or not hasattr(torch, "nn"):
+        return rows  # a stand-in torch (the doctor's own tests): nothing more to read
+    from ..rank import torch_compat
+
+    tested, seen = torch_compat.against_tested(version, platform.python_version())
+    fix = "" if tested else "docs/reference/support.md: the versions tested, and how to run them"
+    rows.append(_row("tested versions", OK if tested else WARN, seen, fix))
+    rows.append(_row("torch features", OK, "; ".join(torch_compat.features())))
+    return rows
 
 
 def pick(

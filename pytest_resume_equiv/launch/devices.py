@@ -392,7 +392,9 @@ class DeviceLease:
         order = [i for i in prefer if i in self.ids] + [i for i in self.ids if i not in prefer]
         for device_id in order:
             name = self.names.get(device_id, device_id).replace(os.sep, "_")
-            lock = FileLock(os.path.join(self.lock_dir, f"{self.kind}-{name}.lock"))
+            # not thread-local: a lease is released where its launch ends, in any thread
+            path = os.path.join(self.lock_dir, f"{self.kind}-{name}.lock")
+            lock = FileLock(path, thread_local=False)
             try:
                 lock.acquire(timeout=0)
             except Timeout:

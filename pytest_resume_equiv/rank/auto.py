@@ -33,6 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from . import torch_compat
 from .inputs import batch_parts, forward_inputs, scalar_value
 from .loaded import LoaderTap
 from .patches import Patches
@@ -292,8 +293,8 @@ class AutoRecorder:
             optim.register_optimizer_step_pre_hook(self._pre_step),
             optim.register_optimizer_step_post_hook(self._post_step),
             nn_module.register_module_forward_pre_hook(self._pre_forward),
-            nn_module.register_module_forward_hook(
-                self._post_forward, with_kwargs=True, always_call=True
+            torch_compat.register_module_forward_hook_with_kwargs(
+                self._post_forward, always_call=True
             ),
         ]
 

@@ -49,8 +49,11 @@ def local_shard(tensor: Any) -> Any:
     return tensor.detach()
 
 
-def _cpu_bytes(flat: Any) -> Any:
-    """The raw bytes of a contiguous CPU tensor, without a copy where numpy is there."""
+def cpu_bytes(flat: Any) -> Any:
+    """The raw bytes of a contiguous CPU tensor, without a copy where numpy is there.
+
+    numpy is not a dependency (torch runs without it, and `Tensor.numpy()` then raises
+    "Numpy is not available"): without it the bytes are copied once."""
     import torch
 
     raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
@@ -249,7 +252,7 @@ def content_hash(tensor: Any) -> Fingerprint:
     if flat.device.type != "cpu":
         digest = _digest(flat.contiguous())
         return deferred(Later(digest.words, lambda words: "d" + digest.finish(words)))
-    data = _cpu_bytes(flat.contiguous())
+    data = cpu_bytes(flat.contiguous())
     if len(data) > HASH_CHUNK:
         return _hash_pieces(data)
     return hash_bytes(data)

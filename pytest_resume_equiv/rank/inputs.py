@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fingerprint import Fingerprint, Later, content_hash, hash_bytes, local_shard
+from .fingerprint import Fingerprint, Later, content_hash, cpu_bytes, hash_bytes, local_shard
 from .loaded import SampleList, batch_tensors
 
 
@@ -43,8 +43,10 @@ def _row_digests(tensor: Any) -> Any:
     rows = local.shape[0]
     raw = local.reshape(-1).view(torch.uint8).reshape(rows, -1)
     if local.device.type == "cpu":
-        data = raw.numpy()
-        return [_hash64(data[i]) for i in range(rows)]
+        # a numpy array or bytes (no numpy): each row is a slice of one buffer, no copy
+        data = memoryview(cpu_bytes(raw.reshape(-1)))
+        width = raw.shape[1]
+        return [_hash64(data[i * width : (i + 1) * width]) for i in range(rows)]
     return device_row_digests(raw)
 
 

@@ -269,6 +269,16 @@ PATCHES: tuple[Patch, ...] = (
         AUTO_SWITCH,
     ),
     Patch(
+        "`torch.nn.Module.__call__`, on torch 2.4 only (its global forward hooks get no keyword "
+        "arguments): each call's keyword arguments, for the forward hook above",
+        "rank/torch_compat.py",
+        REPLACED,
+        "every call of every module: one more Python call, and a push and a pop on a "
+        "thread-local list",
+        AUTO_SWITCH,
+        ("torch.nn.modules.module.Module.__call__",),
+    ),
+    Patch(
         "`torch.Tensor.backward` and `torch.autograd.backward`: the loss of each micro-batch",
         "rank/auto.py",
         REPLACED,

@@ -118,10 +118,24 @@ def test_without_nvml_a_child_counts_and_the_header_does_not_ask_one():
 
 
 def test_the_torch_build_is_read_without_importing_torch(monkeypatch):
+    """Read from torch's version.py, the build is what the imported torch says it was built
+    for, whichever wheel is installed: the CPU wheel (no cuda, rocm, xpu) or the registry's
+    default CUDA build, which is a CUDA build on a machine without a GPU too (there the
+    count of CUDA devices is 0, not the build)."""
+    import torch as imported
+
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     build = torch_build()
     assert "torch" not in sys.modules
-    assert build == TorchBuild(npu=build.npu)  # this machine's CPU wheel: no cuda, rocm, xpu
+    monkeypatch.setitem(sys.modules, "torch", imported)
+    version = imported.version
+    assert build == TorchBuild(
+        cuda=bool(version.cuda or version.hip),
+        rocm=bool(version.hip),
+        xpu=bool(getattr(version, "xpu", None)),
+        npu=build.npu,
+    )
+    assert torch_build() == build  # and read from the imported torch, the same
 
 
 def test_visible_devices_are_read_as_cuda_reads_them():

@@ -203,12 +203,19 @@ def test_fork_server_rows():
 
 def test_leftover_processes_are_a_failed_row():
     marker = leftovers.mark()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
     try:
+        # running, not still in its exec: until then its /proc environ may read as empty
+        # (seen on Python 3.13)
+        assert child.stdout.readline() == b"up\n"
         row = cli.leftover_row(marker)
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
     assert row.status == FAIL and f"pid {child.pid}" in row.seen
     assert cli.leftover_row(marker).status == OK
 

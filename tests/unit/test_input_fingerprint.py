@@ -79,3 +79,23 @@ def test_no_copy_to_the_host_until_the_line_is_written(monkeypatch):
     with HostCopies() as mode:
         later.words.cpu()
     assert mode.copies == ["cpu"]  # the counter sees a copy when there is one
+
+
+def test_cpu_rows_and_contents_hash_alike_without_numpy(monkeypatch):
+    """numpy is not a dependency (torch runs without it, and `Tensor.numpy()` then raises
+    'Numpy is not available'): the CPU row digests and content hashes fall back to the bytes
+    and stay the same."""
+    from pytest_resume_equiv.rank import fingerprint
+
+    batch = torch.arange(60, dtype=torch.float32).reshape(5, 3, 4)
+    flags = torch.tensor([[True, False], [False, True], [True, True]])
+    before = [inputs._row_digests(t) for t in (batch, flags)]
+    hashed = fingerprint.content_hash(batch)
+
+    def unavailable(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", unavailable)
+    assert [inputs._row_digests(t) for t in (batch, flags)] == before
+    assert fingerprint.content_hash(batch) == hashed
+    assert len(set(before[0])) == 5

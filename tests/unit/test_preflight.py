@@ -11,6 +11,10 @@ import pytest_resume_equiv as req
 from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.diagnose.preflight import PRECISION, PreflightFacts, findings
 from pytest_resume_equiv.rank.preflight import capture
+from pytest_resume_equiv.rank.torch_compat import has_fp32_precision_api
+
+NEW_API = has_fp32_precision_api()
+needs_the_new_api = pytest.mark.skipif(not NEW_API, reason="the fp32_precision API is torch 2.9+")
 
 
 @pytest.fixture
@@ -23,6 +27,7 @@ def new_tf32_api():
     torch.backends.cuda.matmul.fp32_precision = before
 
 
+@needs_the_new_api
 def test_the_new_fp32_precision_api_is_read_and_no_read_raises(new_tf32_api):
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
         torch.get_float32_matmul_precision()  # what torch 2.13 does to a legacy read
@@ -34,6 +39,7 @@ def test_the_new_fp32_precision_api_is_read_and_no_read_raises(new_tf32_api):
     assert "fp32_precision.matmul" in tf32 and "matmul.allow_tf32" not in tf32
 
 
+@needs_the_new_api
 def test_the_first_record_survives_the_new_fp32_precision_api(in_rank, new_tf32_api):
     in_rank()
     req.record(1, loss=1.0)  # the preflight runs here: it must not raise into the trainer
@@ -50,7 +56,8 @@ def test_a_rank_records_the_knobs_without_importing_a_device_stack(monkeypatch):
     assert found["deterministic_algorithms"] is False and found["cudnn.benchmark"] is False
     assert found["torch_version"] == torch.__version__
     assert found["sdpa.flash"] is True and found["sdpa.mem_efficient"] is True
-    assert found["fp32_precision.cudnn.conv"] == "tf32"  # torch's default
+    # torch's default; an older torch has no such API: not read, and nothing raised
+    assert found["fp32_precision.cudnn.conv"] == ("tf32" if NEW_API else None)
     assert found["inductor.max_autotune"] is None  # Inductor not imported: not read
     assert "torch._inductor.config" not in sys.modules  # and not imported by the capture
     config = types.SimpleNamespace(max_autotune=True, deterministic=False)

@@ -224,7 +224,11 @@ def main() -> None:
     model = SeqNet(args.dropout) if args.seq else DenseNet(args.dropout, args.bn, sync_bn)
     if args.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6 keeps FSDP2 here
+            from torch.distributed._composable.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
         for child in model.children():

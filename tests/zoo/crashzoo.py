@@ -157,7 +157,11 @@ def train_dcp_async(ctx):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 keeps FSDP2 here
+        from torch.distributed._composable.fsdp import fully_shard
 
     ctx.init_process_group()
     saves = dist.new_group(backend="gloo")
