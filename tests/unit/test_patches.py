@@ -21,6 +21,8 @@ from pytest_resume_equiv.settings import OPTIONS
 ONLY_WITH_A_DEVICE = ("torch.*.default_generators", "torch.npu.*")
 """Replaced when an accelerator is initialised, or once torch_npu is imported: never in a CPU
 test process."""
+ONLY_WITH_TIMINGS = ("torch.distributed.init_process_group",)
+"""Replaced only when a benchmark asks for the phase timings (rank/timings.py)."""
 
 
 class Base:
@@ -135,7 +137,7 @@ def test_every_attribute_a_rank_replaces_has_its_row(in_rank):
         (row.owner, pattern)
         for row in PATCHES
         for pattern in row.targets
-        if pattern not in ONLY_WITH_A_DEVICE
+        if pattern not in (*ONLY_WITH_A_DEVICE, *ONLY_WITH_TIMINGS)
         and not any(row.owner == _row_path(m) and fnmatch.fnmatch(n, pattern) for m, n in replaced)
     ]
     assert unmatched == [], unmatched
@@ -150,7 +152,12 @@ def test_the_automatic_recording_switch_names_the_real_option():
     assert "auto" in MARKER_KEYWORDS
     assert option.cli in patches.AUTO_SWITCH and option.env in patches.AUTO_SWITCH
     switches = {row.switch for row in PATCHES}
-    assert switches == {patches.ALWAYS, patches.AUTO_SWITCH, patches.EQUIVALENCE_ONLY}
+    assert switches == {
+        patches.ALWAYS,
+        patches.AUTO_SWITCH,
+        patches.EQUIVALENCE_ONLY,
+        patches.TIMINGS_ONLY,
+    }
 
 
 @functools.cache
