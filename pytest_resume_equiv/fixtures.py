@@ -24,6 +24,7 @@ from .launch.spec import Launcher
 from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.launch_context import LaunchContext
+from .rank.timings import mark
 from .report.plot import plot_verdict
 from .report.records import RunRecord, TestRecord
 from .report.text import (
@@ -117,6 +118,11 @@ class ResumeEquiv:
         """Shared uninterrupted launches this test used (kept with the test on a failure)."""
 
     @property
+    def _who(self) -> str:
+        """The test as the phase timings name it (rank/timings.py): its node id, one word."""
+        return self.owner.replace(" ", "_").replace("/", "|")
+
+    @property
     def steps(self) -> int:
         return self.settings.marker.steps
 
@@ -154,17 +160,20 @@ class ResumeEquiv:
         ):
             _fail(f"resume_equiv.run(env=...) must be a dict of str to str, got {env!r}")
         request = RunRequest(command, checkpoint, resume_args, dict(env or {}), seed, cwd)
+        mark("item.run", self._who)
         try:
             plan, problem = self._plan(request), ""
         except ResumeEquivError as exc:
             plan, problem = None, f"resume_equiv.run(): {exc}"
         if plan is None:
             _fail(problem)  # outside the except block: no chained exception in the report
+        mark("item.planned", self._who)
         began = time.monotonic()
         try:
             outcome, problem = self._run(plan)
         finally:
             self.wall += time.monotonic() - began
+            mark("item.reported", self._who)
         if outcome is None:
             _fail(problem)
         if outcome.abstained:
@@ -215,6 +224,7 @@ class ResumeEquiv:
         finally:
             starter.close()  # a launch that never started gives its place in the queue up
         self.launching = False
+        mark("item.launched", self._who)
         self.outcome = outcome
         self.report_section(format_plan_summary(outcome))
         for text in outcome.warnings:

@@ -20,6 +20,7 @@ from .errors import ResumeEquivError
 from .launch.running import LaunchResult
 from .plan import PlannedLaunch
 from .rank.run_dir import user_files
+from .rank.timings import mark
 from .report.replay import judgement_of, write_judgement
 from .schedule import Job, Scheduler
 from .settings import TestSettings
@@ -136,9 +137,11 @@ class Judge:
                 result, planned.role, KILLED_SOURCE_NOTE.format(step=step) if step else ""
             )
         self._check_checkpoints(planned, result)
+        mark("host.judging", planned.spec.run_dir)
         for check in self.plan.checks:
             if any(p is planned for p in check.launches):
                 check.on_done(planned, self)
+        mark("host.judged", planned.spec.run_dir)
 
     def _check_checkpoints(self, source: PlannedLaunch, result: LaunchResult) -> None:
         """Before any launch loads a checkpoint `source` wrote, it must exist."""

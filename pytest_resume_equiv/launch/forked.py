@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Optional
 
 from ..errors import ResumeEquivError
 from ..rank.run_dir import store_port_path
+from ..rank.timings import mark
 from .agents import (
     Agents,
     OneRank,
@@ -102,6 +103,7 @@ class ForkServer:
         """Answers to requests sent whose reading was interrupted (Ctrl-C, SIGTERM): read
         and dropped before the next request, so each answer goes to its own request."""
         self._unread = b""
+        mark("server.start", "fork-server")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", FORK_SERVER, *preload],
             env=self.env,
@@ -128,6 +130,7 @@ class ForkServer:
             self.stop()
             raise ResumeEquivError(f"--resume-equiv-preload: {first['error']}")
         self.ready = True
+        mark("server.ready", "fork-server")
 
     @classmethod
     def get(cls, preload: tuple[str, ...]) -> ForkServer:

@@ -23,6 +23,7 @@ from typing import Optional, Protocol
 from ..errors import ResumeEquivError
 from ..rank.launch_context import CONTEXT_ENV
 from ..rank.run_dir import agent_log_path, gate_path, log_path, read_pids, request_stacks
+from ..rank.timings import mark
 from .agents import BOOTSTRAP
 from .forked import FORK_SERVER, Forked, agents_for, kill_process
 from .rank_exits import RankOutcome, rank_outcomes
@@ -225,6 +226,7 @@ class RunningLaunch:
         except BaseException:
             self.kill()
             raise
+        mark("host.started", spec.run_dir)
 
     def _start_plain(self, env: dict[str, str]) -> None:
         for node, argv in enumerate(self.argvs):
@@ -282,6 +284,7 @@ class RunningLaunch:
             self._finish(timed_out=False)
 
     def _finish(self, timed_out: bool) -> LaunchResult:
+        mark("host.exited", self.spec.run_dir)
         try:
             stopped_early = any(p.poll() is None for p in self.procs)
             if stopped_early:

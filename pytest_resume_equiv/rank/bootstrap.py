@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Callable
 
 from .context import RankState, RunContext, reset
@@ -33,6 +34,7 @@ from .run_dir import (
     write_pid,
     write_status,
 )
+from .timings import ProcessGroupTimer, enabled, mark
 from .wrapping import failure_of
 
 
@@ -223,21 +225,45 @@ def main(argv: list[str]) -> None:
             f"pytest_resume_equiv.rank.bootstrap runs only under the plugin ({CONTEXT_ENV} unset)"
         )
     rank = ctx.rank
+    mark("rank.start", ctx.run_dir)
     err = _redirect_output(ctx.run_dir, rank)
     write_pid(ctx.run_dir, rank, os.getpid())
     faulthandler.enable(file=err, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     _start_recording(state, ctx)
+    timer = _time_phases(state, ctx)
     _watch_owner(ctx)
     _wait_for_gate(ctx)
     store = _host_store(ctx)
+    mark("rank.user", ctx.run_dir)
     status = _run_user_code(argv, ctx)
+    mark("rank.user_done", ctx.run_dir)
     status = dataclasses.replace(status, read=list(state.files.reads))
     state.finish()
+    timer.uninstall()
+    mark("rank.closed", ctx.run_dir)
     write_status(ctx.run_dir, rank, status)
     if ctx.host_store and ctx.world_size > 1 and status.status == "ok":
         _wait_for_peers(ctx)  # a failed rank leaves now: its peers may wait on it forever
-    _leave(status.code, holding=store)
+    _leave(status.code, holding=store, run_dir=ctx.run_dir)
+
+
+def _time_phases(state: RankState, ctx: RunContext) -> ProcessGroupTimer:
+    """With `RESUME_EQUIV_TIMINGS` set (a benchmark): the rank's phases marked, its
+    `init_process_group` and its first optimizer step included (rank/timings.py)."""
+    mark("rank.installed", ctx.run_dir)
+    timer = ProcessGroupTimer(ctx.run_dir)
+    timer.install()
+    auto = state.auto
+    if enabled() and auto is not None and auto.first_step_seen is not None:
+        first = auto.first_step_seen
+
+        def first_step() -> None:
+            mark("rank.first_step", ctx.run_dir)
+            first()
+
+        auto.first_step_seen = first_step
+    return timer
 
 
 def _wait_for_peers(ctx: RunContext, limit: float = 60.0) -> None:
@@ -271,13 +297,30 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def _leave(code: int, holding: Any) -> None:
+def _skip_operator_teardown() -> None:
+    """torch registers a weakref finalizer per operator library it defines
+    (`torch.library._del_library`, 174 at import), run at exit to deregister each one: 40-80
+    ms of every rank's exit (benchmarks/bench_phases.py), for a process that `os._exit`s right
+    after. Detached here; every other exit handler (the user's, the signature's) still runs."""
+    library = sys.modules.get("torch.library")
+    teardown = getattr(library, "_del_library", None)
+    registry = getattr(weakref.finalize, "_registry", None)
+    if teardown is None or not isinstance(registry, dict):
+        return
+    for finalizer, info in list(registry.items()):
+        if getattr(info, "func", None) is teardown:
+            finalizer.detach()
+
+
+def _leave(code: int, holding: Any, run_dir: str = "") -> None:
     """Leave without interpreter teardown: the work is done and recorded, and gloo/NCCL
     threads aborting in C++ static destructors (SIGABRT, "terminate called without an active
     exception") would otherwise turn a finished rank into a failed launch. `holding` (the
     rendezvous store of a one-rank launch) lives until the process ends."""
     try:
+        _skip_operator_teardown()
         atexit._run_exitfuncs()
+        mark("rank.exit", run_dir)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

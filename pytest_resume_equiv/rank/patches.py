@@ -102,6 +102,7 @@ AUTO_SWITCH = (
     "`PYTEST_RESUME_EQUIV_AUTO=off`"
 )
 EQUIVALENCE_ONLY = "on in an `@equivalent` test's launches only (automatic recording on)"
+TIMINGS_ONLY = "only with `RESUME_EQUIV_TIMINGS` set (benchmarks/bench_phases.py)"
 _DEVICES = "cuda, npu, xpu"
 _RESTORE_LOGGED = (
     "a thread-local depth check; after the outermost call returns, an entry in the restore log "
@@ -344,6 +345,15 @@ PATCHES: tuple[Patch, ...] = (
         "every call of every module: torch's hook path instead of its fast path, and one Python "
         "call; once per split: the resume point's snapshot (every audited section)",
         ALWAYS,
+    ),
+    Patch(
+        "`torch.distributed.init_process_group`, in a rank whose torch is imported at its "
+        "start (a forked rank), marked before and after for the phase table",
+        "rank/timings.py",
+        REPLACED,
+        "each call: two appended lines in the timings file",
+        TIMINGS_ONLY,
+        ("torch.distributed.init_process_group",),
     ),
     Patch(
         "an `atexit` handler: the signature's footer is written when the process exits",

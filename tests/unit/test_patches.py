@@ -25,6 +25,8 @@ NOT_ON_THIS_TORCH = (
     ("torch.nn.modules.module.Module.__call__",) if torch_compat.forward_hooks_take_kwargs() else ()
 )
 """Replaced only on a torch that lacks the API it stands in for (rank/torch_compat.py)."""
+ONLY_WITH_TIMINGS = ("torch.distributed.init_process_group",)
+"""Replaced only when a benchmark asks for the phase timings (rank/timings.py)."""
 
 
 class Base:
@@ -139,7 +141,7 @@ def test_every_attribute_a_rank_replaces_has_its_row(in_rank):
         (row.owner, pattern)
         for row in PATCHES
         for pattern in row.targets
-        if pattern not in ONLY_WITH_A_DEVICE + NOT_ON_THIS_TORCH
+        if pattern not in (*ONLY_WITH_A_DEVICE, *NOT_ON_THIS_TORCH, *ONLY_WITH_TIMINGS)
         and not any(row.owner == _row_path(m) and fnmatch.fnmatch(n, pattern) for m, n in replaced)
     ]
     assert unmatched == [], unmatched
@@ -154,7 +156,12 @@ def test_the_automatic_recording_switch_names_the_real_option():
     assert "auto" in MARKER_KEYWORDS
     assert option.cli in patches.AUTO_SWITCH and option.env in patches.AUTO_SWITCH
     switches = {row.switch for row in PATCHES}
-    assert switches == {patches.ALWAYS, patches.AUTO_SWITCH, patches.EQUIVALENCE_ONLY}
+    assert switches == {
+        patches.ALWAYS,
+        patches.AUTO_SWITCH,
+        patches.EQUIVALENCE_ONLY,
+        patches.TIMINGS_ONLY,
+    }
 
 
 @functools.cache
