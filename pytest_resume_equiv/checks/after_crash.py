@@ -44,6 +44,8 @@ class Row:
     resumed_from: Optional[int] = None
     status: str = NOT_REACHED
     why: str = ""
+    rolled_back: str = ""
+    """A power-loss point: the writes not yet durable that were undone, in words."""
     verdict: Optional[Verdict] = field(default=None, compare=False, metadata=NOT_IN_JSON)
     """The resume's own judgement, when one was compared."""
     diagnosis: Optional[Diagnosis] = field(default=None, compare=False, metadata=NOT_IN_JSON)
@@ -237,8 +239,8 @@ def after_crash(
     overwrites: Optional[int],
 ) -> AfterCrash:
     """The facts of one failed crash point for `Stage.CRASH`: the file the kill cut (from the
-    crash record of the launch run in `crash_dir`; `overwrites` from the point), and the
-    resumed launch's failing rank's call, reads and error."""
+    crash record of the launch run in `crash_dir`; `overwrites` from the point), what the
+    crash left, and the resumed launch's failing rank's call, reads and error."""
     torn = dict((record or {}).get("torn") or {})
     if torn:
         event = (record or {}).get("event") or {}
@@ -253,7 +255,17 @@ def after_crash(
         read = tuple(relative_call({"path": p}, *dirs)["path"] for p in status.read)
         message = one_line(status.message)
     left = tuple(path for path, _ in user_files(crash_dir))
-    return AfterCrash(row.point, row.where, torn or None, failed, read, message, _start(run), left)
+    return AfterCrash(
+        row.point,
+        row.where,
+        torn or None,
+        failed,
+        read,
+        message,
+        _start(run),
+        left,
+        outcome=row.why,
+    )
 
 
 def read_crash_record(path: str) -> Optional[dict[str, Any]]:
@@ -266,4 +278,10 @@ def read_crash_record(path: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["Row", "after_crash", "could_not_save", "judge_after_crash", "read_crash_record"]
+__all__ = [
+    "Row",
+    "after_crash",
+    "could_not_save",
+    "judge_after_crash",
+    "read_crash_record",
+]

@@ -2,7 +2,7 @@
 resumed run did with it (`Stage.CRASH`, asked before the catch-all of at_check.py): a file
 the kill cut halfway through its write that the resume then read, written in place over the
 checkpoint it would resume from or written new; and a restarted job that could not save
-into what the crash left.
+into what the crash left. A power loss's rollback has its own rule (at_power_loss.py).
 
 The input (`AfterCrash`) holds facts only: the file the crash launch cut (its crash record),
 and what the first failing rank of the resumed launch said in its status file (the watched
@@ -57,6 +57,15 @@ class AfterCrash(CrashedAt):
     resumed_from: Optional[int] = None
     on_disk: tuple[str, ...] = ()
     """Paths the crash left (relative, folders too), for what a failed save ran into."""
+    rolled_back: tuple[dict[str, Any], ...] = ()
+    """A power-loss point: the writes not yet durable its rollback undid, in the order they
+    were made (checks/power_loss.py: `kind` "cut", "create" or "rename", `op`, `path`,
+    `to`, `after_step`, `dirs` not fsynced, `size` and `of` of a cut, what a renamed name
+    holds `now`, and whether the file a rename replaced was `restored`)."""
+    completed: tuple[int, ...] = ()
+    """The steps whose save had completed before the crash."""
+    outcome: str = ""
+    """The point's verdict, as its row says it."""
 
 
 def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
@@ -64,13 +73,13 @@ def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
     file, or, failing elsewhere (a parser after `open`), that file is the last it read."""
     if not isinstance(crash, AfterCrash) or not crash.torn:
         return None  # where and when only (at_check.CrashedAt): the catch-all's
-    failed = crash.failed or {}
     path = crash.torn["path"]
     torn = {
         **crash.torn,
         "size_words": size_words(int(crash.torn.get("size", 0))),
         "of_words": size_words(int(crash.torn.get("of", 0))),
     }
+    failed = crash.failed or {}
     if failed.get("path") == path and failed.get("op") not in WRITE_CALLS[1:]:
         mode = failed.get("mode", "r")
         if failed.get("op") != "open" or not set("wax+") & set(mode):

@@ -32,6 +32,7 @@ from .classes import (
     LR_SCHEDULER_OFF_BY_ONE,
     MASTER_WEIGHTS,
     NEVER_RESTORED,
+    NOT_FSYNCED,
     OBJECT_KINDS,
     OPTIMIZER_STATE,
     OPTIMIZER_STATE_MISSING,
@@ -221,6 +222,12 @@ CLASSES: dict[str, BugClass] = {
         BugClass(
             RESTORED_WRONG,
             "save the stream's state after the step that ends at the split, next to the weights",
+        ),
+        BugClass(
+            NOT_FSYNCED,
+            "flush and os.fsync each file before os.replace puts it in place, then os.fsync "
+            "the folder the rename (or the file's creation) happened in (fd = os.open(folder, "
+            "os.O_RDONLY); os.fsync(fd)): only then does it survive a power loss",
         ),
         BugClass(
             SAVE_BLOCKED_BY_THE_CRASH,

@@ -345,3 +345,48 @@ def train_renames_onto_what_the_crash_left_one_root(ctx):
 
 def train_renames_after_clearing(ctx):
     train_from_pointer(ctx, save_renamed_then_pointed_clearing, one_root=False)
+
+
+# --- Power loss: what was not fsynced is rolled back (issue 43) ------------------------------
+
+
+def save_renamed_without_fsync(root, step, model, opt):
+    """The bug: a temporary renamed onto the one checkpoint file, atomic against a kill, with
+    no fsync of the file nor of its folder: after a power loss the rename is undone, and the
+    file's data may never have reached the disk."""
+    os.makedirs(root, exist_ok=True)
+    tmp, final = os.path.join(root, "ckpt.pt.tmp"), os.path.join(root, "ckpt.pt")
+    torch.save(one_file_state(step, model, opt), tmp)
+    os.replace(tmp, final)
+
+
+def train_renames_without_fsync(ctx):
+    train_one_file(ctx, save_renamed_without_fsync)
+
+
+def save_pointer_not_fsynced(root, step, model, opt):
+    """Each step folder durable (its files and the folder fsynced, renamed into place, the
+    root fsynced), then `latest` written and fsynced and os.replace'd into place, the bug:
+    without an fsync of the root, then the older folders deleted. After a power loss the
+    rename of `latest` is undone: it names the folder the save deleted."""
+    tmp, final = os.path.join(root, f"tmp-step_{step}"), os.path.join(root, f"step_{step}")
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+    write_step(tmp, step, model.state_dict(), opt.state_dict())
+    for name in ("model.pt", "optim.pt"):
+        fsync_path(os.path.join(tmp, name))
+    fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_path(root)
+    with open(os.path.join(root, "latest.tmp"), "w") as f:
+        f.write(f"step_{step}")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
+    for name in os.listdir(root):
+        if name.startswith("step_") and name != f"step_{step}":
+            shutil.rmtree(os.path.join(root, name))
+
+
+def train_pointer_not_fsynced(ctx):
+    train(ctx, save=save_pointer_not_fsynced, trust_pointer=True)

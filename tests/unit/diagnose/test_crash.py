@@ -2,6 +2,8 @@
 (diagnose/at_crash.py): a file the kill cut halfway through its write that the resume read,
 written in place or new; the catch-all of at_check.py answers the rest."""
 
+import dataclasses
+
 from pytest_resume_equiv.diagnose import Stage, cause
 from pytest_resume_equiv.diagnose.at_crash import AfterCrash
 
@@ -132,3 +134,106 @@ def test_a_write_that_fails_before_the_resumed_run_trained_is_no_save_of_its_own
         facts = AfterCrash("middle", "x", failed=failed, resumed_from=2, on_disk=LEFT)
         d = cause(Stage.CRASH, facts)
         assert d is not None and d.rule == CATCH_ALL, (failed, d and d.rule)
+
+
+# A power loss (crash_mode="power")
+
+
+POWER = "crash.undone-by-power-loss"
+
+
+def rolled(kind, path, after_step=4, **more):
+    return {
+        "kind": kind,
+        "op": more.pop("op", "open"),
+        "path": path,
+        "after_step": after_step,
+        "dirs": ["checkpoints"],
+        **more,
+    }
+
+
+POINTER_BACK = rolled(
+    "rename",
+    "checkpoints/latest.tmp",
+    op="os.replace",
+    to="checkpoints/latest",
+    restored=True,
+    now="reads 'step_2'",
+)
+
+
+@fires(POWER)
+def test_a_pointer_whose_rename_a_power_loss_undid_names_the_step_the_save_deleted():
+    missing = {
+        **load_failed("checkpoints/step_2/model.pt", op="open"),
+        "mode": "rb",
+        "error": "FileNotFoundError: [Errno 2] No such file or directory: '/r/step_2/model.pt'",
+        "rank": 0,
+    }
+    facts = AfterCrash(
+        "last (power)",
+        "rank 0: after shutil.rmtree(checkpoints/step_2), then a power loss",
+        failed=missing,
+        read=("checkpoints/latest",),
+        rolled_back=(POINTER_BACK, rolled("create", "checkpoints/latest.tmp")),
+    )
+    named(
+        cause(Stage.CRASH, facts),
+        POWER,
+        "not fsynced",
+        "rank 0: checkpoints/latest was renamed into place (os.replace(checkpoints/latest.tmp "
+        "-> checkpoints/latest), in the save at step 4) without an fsync of its folder "
+        "checkpoints: after a power loss the rename is undone and checkpoints/latest reads "
+        "'step_2' again; the resumed run read it, then failed: open(checkpoints/step_2/model.pt) "
+        "raised FileNotFoundError: [Errno 2] No such file or directory (1 more writes not yet "
+        "durable were rolled back)",
+        "flush and os.fsync each file before os.replace puts it in place, then os.fsync the folder",
+    )
+
+
+@fires(POWER)
+def test_a_checkpoint_a_power_loss_took_away_is_named_by_its_first_rename_undone():
+    """The resumed run read nothing the rollback touched: it started over."""
+    facts = AfterCrash(
+        "first (power)",
+        "x",
+        outcome="started over from step 0: lost the completed checkpoint of step 2",
+        rolled_back=(
+            rolled("create", "checkpoints/ckpt.tmp", after_step=2),
+            rolled(
+                "rename",
+                "checkpoints/ckpt.tmp",
+                2,
+                op="os.replace",
+                to="checkpoints/ckpt",
+                now="is gone",
+            ),
+            rolled("cut", "checkpoints/ckpt.tmp", size=0, of=1331, fsynced=False),
+        ),
+    )
+    named(
+        cause(Stage.CRASH, facts),
+        POWER,
+        "not fsynced",
+        "checkpoints/ckpt was renamed into place (os.replace(checkpoints/ckpt.tmp -> "
+        "checkpoints/ckpt), in the save at step 2) without an fsync of its folder checkpoints: "
+        "after a power loss the rename is undone and checkpoints/ckpt is gone; the resumed run "
+        "started over from step 0: lost the completed checkpoint of step 2 (2 more writes",
+        "os.fsync",
+    )
+    only_cut = dataclasses.replace(facts, rolled_back=facts.rolled_back[2:])
+    named(
+        cause(Stage.CRASH, only_cut),
+        POWER,
+        "not fsynced",
+        "checkpoints/ckpt.tmp was written (open, in the save at step 4) and never fsynced: "
+        "after a power loss it is cut to 0 B of 1.3 KiB; the resumed run started over",
+        "os.fsync",
+    )
+
+
+@look_alike(POWER, wins=CATCH_ALL)
+def test_a_kill_with_nothing_rolled_back_is_no_power_loss():
+    d = cause(Stage.CRASH, crash(failed=load_failed(), rolled_back=()))
+    assert d is not None and d.rule == CATCH_ALL, d and d.rule
