@@ -50,6 +50,7 @@ GROUPS = (
 CAUSED_BY_THE_CRASH = (
     TORN,
     "crashed on the torn checkpoint",
+    "crashed on the empty",
     "the restarted job could not save",
 )
 """The failed rows whose cause is what the crash left (`Stage.CRASH`), not one object's

@@ -64,8 +64,9 @@ class CrashPoint:
     """The save had completed when the kill came: it returned, and nothing of it runs in the
     background."""
     overwrites: Optional[int] = None
-    """kind "torn": the step after which the file it cuts was written before, still there
-    when this save wrote over it (written in place); None for a new file."""
+    """The point's event writes a file (kind "torn": the file it cuts): the step after which
+    that file was written before, still there when this save wrote over it (written in
+    place); None for a new file."""
     power: bool = False
     """crash_mode="power": at the kill, every write not yet durable is rolled back
     (`power_loss.py`)."""
@@ -182,7 +183,7 @@ def find_points(
             foreign,
             events[position],
             completes=kind == RETURNED and not background,
-            overwrites=overwrites.get(position) if kind == TORN else None,
+            overwrites=overwrites.get(position),
             power=mode == "power",
         )
         for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])

@@ -111,6 +111,7 @@ RULES = (
         undone_by_power_loss,
         _power_words,
         after=(
+            "crash.marker-before-its-content",
             "crash.torn-file-written-in-place",
             "crash.torn-file-read",
             "crash.restarted-job-could-not-save",

@@ -360,3 +360,63 @@ def test_a_power_loss_rolls_back_what_was_not_fsynced(pytester):
     ]:
         assert line in control, line
     assert processes_mentioning(str(pytester.path)) == []
+
+
+MARKERS = """
+from pytest_resume_equiv import resume_equivalent
+import crashzoo
+
+ROOT = "{run_dir}/checkpoints"
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["last"])
+def test_marks_in_place(resume_equiv):
+    resume_equiv.run(crashzoo.train_marks_in_place, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["last"])
+def test_marks_by_rename(resume_equiv):
+    resume_equiv.run(crashzoo.train_marks_by_rename, checkpoint=ROOT)
+"""
+
+
+@pytest.mark.long(30)
+def test_a_marker_written_last_in_place_exists_before_its_content(pytester):
+    """step_k's files, then the marker `step` that names the newest, written last but in
+    place: killed between its open() and the write, it is left empty and the resume cannot
+    parse it, though step_2 is complete on disk. The point is named from what was on disk
+    and what the resume read (it used to say 'lost the completed checkpoint of step 2'). The
+    control writes the marker by rename."""
+    shutil.copy(ZOO, pytester.path / "crashzoo.py")
+    pytester.makepyfile(test_markers=MARKERS)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+
+    in_place = section_of(text, "test_marks_in_place")
+    assert "last  rank 0: after open(checkpoints/step)\n" in in_place, in_place
+    assert re.search(r"on disk: checkpoints/\{step 0 B\}, checkpoints/step_2/\{", in_place)
+    why = (
+        r"-> FAILED: crashed on the empty checkpoints/step \(rank \d: ValueError: invalid "
+        r"literal for int\(\) with base 10: ''\)\n"
+    )
+    assert re.search(why, in_place), in_place
+    assert "lost the completed checkpoint" not in in_place
+    assert re.search(
+        r"likely cause \(marker before its content\): the kill came between open\(\) "
+        r"and the write of checkpoints/step \(the save at step 4\), in place over the one the "
+        r"save at step 2 had written: it exists, empty \(0 B\), before its content, and the "
+        r"resumed run read it: it read checkpoints/step last, then failed: ValueError: invalid "
+        r"literal for int\(\) with base 10: ''; the checkpoint of step 2 is on disk "
+        r"\(checkpoints/step_2\), but the marker that names it is what the resume reads\. Fix: "
+        r"write the marker to a temporary file beside it, then os\.replace it onto the "
+        r"marker's name",
+        in_place,
+    ), in_place
+    assert in_place.count("Fix:") == 1
+
+    control = section_of(text, "test_marks_by_rename")
+    assert "crash at split 4 passed (1 exact)" in control, control
+    assert "last  rank 0: after os.replace(checkpoints/step.tmp -> checkpoints/step)" in control
+    assert "-> EXACT: exact (resumed from step 4)" in control
+    assert processes_mentioning(str(pytester.path)) == []

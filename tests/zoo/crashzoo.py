@@ -390,3 +390,54 @@ def save_pointer_not_fsynced(root, step, model, opt):
 
 def train_pointer_not_fsynced(ctx):
     train(ctx, save=save_pointer_not_fsynced, trust_pointer=True)
+
+
+# --- A marker written last, in place or by rename (issue 43) ---------------------------------
+
+
+def save_then_mark(root, step, model, opt, by_rename=False):
+    """step_k/{model.pt, optim.pt}, then the marker `step` that names the newest, written
+    last. The bug: written in place, it exists (empty) between open() and the write; the
+    control (`by_rename`) writes it to step.tmp and os.replaces it."""
+    folder = os.path.join(root, f"step_{step}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+    torch.save(opt.state_dict(), os.path.join(folder, "optim.pt"))
+    marker = os.path.join(root, "step")
+    with open(marker + ".tmp" if by_rename else marker, "w") as f:
+        f.write(str(step))
+    if by_rename:
+        os.replace(marker + ".tmp", marker)
+
+
+def save_then_mark_by_rename(root, step, model, opt):
+    save_then_mark(root, step, model, opt, by_rename=True)
+
+
+def train_from_marker(ctx, save):
+    """Resumes from the folder the marker `step` names, when there is a marker."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    marker = os.path.join(root, "step")
+    start = 0
+    if os.path.exists(marker):
+        with open(marker) as f:
+            start = int(f.read())
+        folder = os.path.join(root, f"step_{start}")
+        model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), weights_only=True))
+        opt.load_state_dict(torch.load(os.path.join(folder, "optim.pt"), weights_only=True))
+    for step in range(start + 1, ctx.steps + 1):
+        train_step(model, opt, step, rank)
+        if step in ctx.splits:
+            if rank == 0:
+                save(root, step, model, opt)
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_marks_in_place(ctx):
+    train_from_marker(ctx, save_then_mark)
+
+
+def train_marks_by_rename(ctx):
+    train_from_marker(ctx, save_then_mark_by_rename)
