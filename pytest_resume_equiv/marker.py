@@ -15,6 +15,7 @@ from .errors import SettingError
 INTERRUPTS = ("continue", "stop", "kill", "crash")
 CRASH_POINTS = ("first", "middle", "last", "returned", "pointer", "torn")
 CRASH_REFUSAL = ("pass", "fail")
+CRASH_MODES = ("kill", "power")
 NOISE = ("auto", "measure", "off")
 
 
@@ -80,6 +81,9 @@ class MarkerSpec:
     event indexes."""
     crash_refusal: str = "pass"
     """interrupt="crash": whether a clean refusal of a torn checkpoint passes or fails."""
+    crash_mode: tuple[str, ...] = ("kill",)
+    """interrupt="crash": how each point ends the run: "kill" (every rank of the host
+    SIGKILLed), "power" (killed, then every write not yet fsynced rolled back), or both."""
     auto: Optional[bool] = None
     """Automatic recording (False: only the trainer's explicit calls are recorded); None:
     not given on the marker (the session option decides)."""
@@ -243,6 +247,18 @@ def _crash_refusal(value: Any) -> str:
     return value
 
 
+def _crash_mode(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    ok = isinstance(items, (list, tuple)) and items and all(i in CRASH_MODES for i in items)
+    if not ok or len(set(items)) < len(items):
+        raise _error(
+            "crash_mode",
+            value,
+            f"expected one of {', '.join(map(repr, CRASH_MODES))}, or a list of both",
+        )
+    return tuple(m for m in CRASH_MODES if m in items)
+
+
 def _optional_int(keyword: str) -> Callable[[Any], Optional[int]]:
     parse = _int(keyword, 1)
     return lambda value: None if value is None else parse(value)
@@ -264,6 +280,7 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "golden_checkpoint": _golden_checkpoint,
     "crash_points": _crash_points,
     "crash_refusal": _crash_refusal,
+    "crash_mode": _crash_mode,
     "auto": _auto,
 }
 """Every keyword beside steps and split, with its validator."""
@@ -328,7 +345,7 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
             "@resume_equivalent: chain=True goes with the uninterrupted topology and "
             'interrupt="continue" (drop resume_nproc/resume_nnodes/interrupt, or chain)'
         )
-    crash_only = [k for k in ("crash_points", "crash_refusal") if k in merged]
+    crash_only = [k for k in ("crash_points", "crash_refusal", "crash_mode") if k in merged]
     if crash_only and spec.interrupt != "crash":
         raise SettingError(
             f'@resume_equivalent: {crash_only[0]}= applies to interrupt="crash" only '

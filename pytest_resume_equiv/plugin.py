@@ -36,7 +36,8 @@ MARKER_DOC = (
     "resume_equivalent(steps, split, nproc=2, nnodes=1, timeout=None, tolerance=None, env=None, "
     "rng_mutation=True, interrupt='continue', ignore=None, resume_nproc=None, resume_nnodes=None, "
     "chain=False, noise='auto', golden_checkpoint=False, crash_points=None, "
-    "crash_refusal='pass', auto=None): run the test's trainer under torchrun uninterrupted and resumed "
+    "crash_refusal='pass', crash_mode='kill', auto=None): run the test's trainer under torchrun "
+    "uninterrupted and resumed "
     "from the checkpoint saved at `split` (an int or a list), and require every rank to record "
     "the same values at every step after it. See pytest-resume-equiv's docs/reference/marker.md."
 )

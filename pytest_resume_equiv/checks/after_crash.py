@@ -44,6 +44,8 @@ class Row:
     resumed_from: Optional[int] = None
     status: str = NOT_REACHED
     why: str = ""
+    rolled_back: str = ""
+    """A power-loss point: the writes not yet durable that were undone, in words."""
     verdict: Optional[Verdict] = field(default=None, compare=False, metadata=NOT_IN_JSON)
     """The resume's own judgement, when one was compared."""
     diagnosis: Optional[Diagnosis] = field(default=None, compare=False, metadata=NOT_IN_JSON)
@@ -110,6 +112,9 @@ def judge_after_crash(
         if saving:
             return _set(row, FAILED, saving)
         refused = refused_deliberately(result.spec.run_dir, result.spec.world_size)
+        empty = read_empty(result.spec.run_dir, result.spec.world_size)
+        if empty and (newest or not refused):  # no refusal, when a checkpoint was there
+            return _set(row, FAILED, f"crashed on the empty {empty} ({_crash_text(result)})")
         if not refused:
             return _set(row, FAILED, f"crashed on the torn checkpoint ({_crash_text(result)})")
         if newest:
@@ -196,6 +201,22 @@ def failing_rank(run_dir: str, world_size: int) -> Optional[tuple[int, RankStatu
     return next((item for item in raised if item[1].call), raised[0] if raised else None)
 
 
+def read_empty(run_dir: str, world_size: int) -> str:
+    """The file the failed rank read last, when it is empty and its error came from no
+    call on another file: "checkpoints/step" (a marker opened, not yet written); "" else."""
+    found = failing_rank(run_dir, world_size)
+    if found is None or not found[1].read:
+        return ""
+    last, call = found[1].read[-1], found[1].call or {}
+    if call.get("path") and call.get("path") != last:
+        return ""
+    try:
+        empty = os.path.isfile(last) and os.path.getsize(last) == 0
+    except OSError:
+        return ""
+    return relative(last, run_dir) if empty else ""
+
+
 def _saving_call(status: RankStatus, start: Optional[int]) -> bool:
     call = status.call or {}
     if call.get("op") not in WRITE_CALLS or call.get("after_step") is None:
@@ -236,9 +257,10 @@ def after_crash(
     run: Optional[Run],
     overwrites: Optional[int],
 ) -> AfterCrash:
-    """The facts of one failed crash point for `Stage.CRASH`: the file the kill cut (from the
-    crash record of the launch run in `crash_dir`; `overwrites` from the point), and the
-    resumed launch's failing rank's call, reads and error."""
+    """The facts of one failed crash point for `Stage.CRASH`: the event the kill came at and
+    the file it cut (from the crash record of the launch run in `crash_dir`; `overwrites`
+    from the point), what the crash left (empty files too), and the resumed launch's failing
+    rank's call, reads and error."""
     torn = dict((record or {}).get("torn") or {})
     if torn:
         event = (record or {}).get("event") or {}
@@ -252,8 +274,23 @@ def after_crash(
         failed = {**relative_call(status.call, *dirs), "rank": rank} if status.call else None
         read = tuple(relative_call({"path": p}, *dirs)["path"] for p in status.read)
         message = one_line(status.message)
-    left = tuple(path for path, _ in user_files(crash_dir))
-    return AfterCrash(row.point, row.where, torn or None, failed, read, message, _start(run), left)
+    files = user_files(crash_dir)
+    left = tuple(path for path, _ in files)
+    event = (record or {}).get("event") or None
+    killed_at = {**relative_call(event, crash_dir), "overwrites": overwrites} if event else None
+    return AfterCrash(
+        row.point,
+        row.where,
+        torn or None,
+        failed,
+        read,
+        message,
+        _start(run),
+        left,
+        killed_at=killed_at,
+        empty=tuple(path for path, size in files if size == 0),
+        outcome=row.why,
+    )
 
 
 def read_crash_record(path: str) -> Optional[dict[str, Any]]:
@@ -266,4 +303,11 @@ def read_crash_record(path: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["Row", "after_crash", "could_not_save", "judge_after_crash", "read_crash_record"]
+__all__ = [
+    "Row",
+    "after_crash",
+    "could_not_save",
+    "judge_after_crash",
+    "read_crash_record",
+    "read_empty",
+]

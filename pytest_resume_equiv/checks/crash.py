@@ -6,8 +6,10 @@ launches then: per point one crash launch (every rank SIGKILLed at the point,
 `rank/crasher.py`) and one resumed launch, run as a restarted job: before it starts, what the
 crash launch left in its run directory is laid out in the resumed launch's own, and its
 `{run_dir}` and `{checkpoint}` name that one, so it resumes from and saves into the same
-folders whatever form the test is written in. One verdict: a table of the points, and the
-first failing point's full judgement.
+folders whatever form the test is written in. With crash_mode="power", a point's crash
+launch is also rolled back to what a power loss leaves before that copy is made
+(`power_loss.py`: every write not yet fsynced undone). One verdict: a table of the points, and
+the first failing point's full judgement.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from ..compare import facts
 from ..diagnose import Diagnosis, Stage, cause
 from ..diagnose.at_crash import AfterCrash
 from ..errors import ResumeEquivError
+from ..launch.running import LaunchResult
 from ..plan import PlannedLaunch, Planner
-from ..rank.run_dir import crash_record_path
+from ..rank.run_dir import crash_record_path, signature_path
+from ..signature import SignatureError, read_signature
 from .after_crash import (
     EXACT,
     REFUSED,
@@ -34,6 +38,7 @@ from .after_crash import (
 from .base import Check, Judging, Outcome, Verdict
 from .crash_points import CrashPoint, crashed_where, find_points, lay_out, on_disk
 from .launches import one_group, uninterrupted_of
+from .power_loss import merged, roll_back, rolled_back_words, unsynced
 from .resume import ResumeLike, format_diagnosis
 
 GROUPS = (
@@ -42,14 +47,25 @@ GROUPS = (
 )
 
 
-CAUSED_BY_THE_CRASH = (TORN, "crashed on the torn checkpoint", "the restarted job could not save")
+CAUSED_BY_THE_CRASH = (
+    TORN,
+    "crashed on the torn checkpoint",
+    "crashed on the empty",
+    "the restarted job could not save",
+)
 """The failed rows whose cause is what the crash left (`Stage.CRASH`), not one object's
 restore."""
+CATCH_ALL = "crash.torn-by-the-crash"
 
 
-def crash_cause(facts: AfterCrash) -> Optional[Diagnosis]:
-    """A resume from what a crash left half-written (diagnose/at_crash.py, at_check.py)."""
-    return cause(Stage.CRASH, facts)
+def crash_cause(facts: AfterCrash, why: str) -> Optional[Diagnosis]:
+    """The cause of a failed point from what the crash left (diagnose/at_crash.py): for a
+    row whose verdict says the crash is to blame (`why`), the catch-all of at_check.py too;
+    for another (lost a checkpoint, diverged), only a rule that reads the disk."""
+    found = cause(Stage.CRASH, facts)
+    if why.startswith(CAUSED_BY_THE_CRASH) or (found is not None and found.rule != CATCH_ALL):
+        return found
+    return None
 
 
 @facts.fact("crash_table")
@@ -66,6 +82,8 @@ class CrashTable:
         lines = [f"{label}: {len(self.rows)} crash points in the save at step {self.split}"]
         for row in self.rows:
             lines.append(f"  {row.point:<{width}}  {row.where}")
+            if row.rolled_back:
+                lines.append(f"  {'':<{width}}  rolled back: {row.rolled_back}")
             lines.append(f"  {'':<{width}}  on disk: {row.disk or '?'}")
             lines.append(f"  {'':<{width}}  -> {row.status.upper()}: {row.why}")
         return lines
@@ -86,6 +104,8 @@ class Pair:
     row: Row
     record: Optional[dict] = None
     """The crash launch's record of where it was killed."""
+    rolled_back: Optional[list[dict]] = None
+    """A power-loss point: the writes its rollback undid (`power_loss.roll_back`)."""
 
 
 class Crash(Check):
@@ -129,9 +149,9 @@ class Crash(Check):
         """The uninterrupted run's save, split into points: a crash and a resume for each."""
         marker, planner = self.planner.marker, self.planner
         run_dir = self.full.spec.run_dir
-        points = find_points(
-            judge.signatures(self.full), self.split, marker.splits, marker.crash_points, run_dir
-        )
+        full = judge.signatures(self.full)
+        modes = marker.crash_mode
+        points = find_points(full, self.split, marker.splits, marker.crash_points, run_dir, modes)
         for number, point in enumerate(points, start=1):
             name = f"crash-{number}"
             crash = planner.saving(
@@ -160,12 +180,15 @@ class Crash(Check):
         """The crash launch ended: where it was killed, what it left on disk."""
         run_dir = pair.crash.spec.run_dir
         record = pair.record = read_crash_record(crash_record_path(run_dir))
-        pair.row.disk = on_disk(run_dir)
         result = judge.result(pair.crash)
         if record is not None:
             pair.row.where = result.crashed = crashed_where(record, run_dir)
+            if pair.point.power:
+                self.power_lost(pair, result)
+            pair.row.disk = on_disk(run_dir)
             lay_out(run_dir, pair.resumed.spec.run_dir)  # the restarted job's folders
             return
+        pair.row.disk = on_disk(run_dir)
         how = "finished" if result.ok else f"ended ({result.status})"
         pair.row.status = "not reached"
         pair.row.why = (
@@ -173,6 +196,21 @@ class Crash(Check):
             "wrote fewer events than the uninterrupted run's"
         )
         judge.cancel(pair.resumed)
+
+    def power_lost(self, pair: Pair, result: LaunchResult) -> None:
+        """A power loss at the kill: every write of the crash launch's ranks (their file
+        events) not yet durable is rolled back in its run directory."""
+        run_dir = pair.crash.spec.run_dir
+        logs = []
+        for rank in range(result.spec.world_size):
+            try:
+                logs.append(read_signature(signature_path(run_dir, rank)).files)
+            except SignatureError:  # a rank killed before it wrote any
+                pass
+        events = merged(logs)
+        pair.rolled_back = roll_back(unsynced(events), run_dir)
+        pair.row.where += ", then a power loss"
+        pair.row.rolled_back = rolled_back_words(pair.rolled_back)
 
     def resumed(self, pair: Pair, judge: Judging) -> None:
         if pair.row.status != "pending":
@@ -194,10 +232,13 @@ class Crash(Check):
             row.why = row.why.replace(run_dir + os.sep, "")  # its paths, short
         if row.status == REFUSED and not result.ok:
             result.judged = "a clean refusal: passes"
-        if row.failed and row.why.startswith(CAUSED_BY_THE_CRASH):
+        if row.failed:
             crash_dir = pair.crash.spec.run_dir
             facts = after_crash(row, pair.record, crash_dir, result, run, pair.point.overwrites)
-            row.diagnosis = crash_cause(facts)
+            facts = dataclasses.replace(
+                facts, rolled_back=tuple(pair.rolled_back or ()), completed=tuple(completed)
+            )
+            row.diagnosis = crash_cause(facts, row.why)
 
     def conclude(self, judge: Judging) -> None:
         rows = [p.row for p in self.pairs]

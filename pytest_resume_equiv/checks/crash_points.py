@@ -64,11 +64,15 @@ class CrashPoint:
     """The save had completed when the kill came: it returned, and nothing of it runs in the
     background."""
     overwrites: Optional[int] = None
-    """kind "torn": the step after which the file it cuts was written before, still there
-    when this save wrote over it (written in place); None for a new file."""
+    """The point's event writes a file (kind "torn": the file it cuts): the step after which
+    that file was written before, still there when this save wrote over it (written in
+    place); None for a new file."""
+    power: bool = False
+    """crash_mode="power": at the kill, every write not yet durable is rolled back
+    (`power_loss.py`)."""
 
     def to_context(self) -> dict[str, Any]:
-        return {
+        context = {
             "rank": self.rank,
             "index": self.index,
             "thread": self.thread,
@@ -76,6 +80,7 @@ class CrashPoint:
             "split": self.split,
             "foreign": list(self.foreign),
         }
+        return {**context, "power": True} if self.power else context
 
     def where(self, run_dir: str) -> str:
         """`rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
@@ -131,10 +136,16 @@ def _folder(target: str, event: dict[str, Any], events: list[dict[str, Any]]) ->
 
 
 def find_points(
-    run: Run, split: int, splits: tuple[int, ...], choice: Choice, run_dir: str
+    run: Run,
+    split: int,
+    splits: tuple[int, ...],
+    choice: Choice,
+    run_dir: str,
+    modes: tuple[str, ...] = ("kill",),
 ) -> list[CrashPoint]:
     """The crash points of the save at `split` in the uninterrupted run `run` (written in
-    `run_dir`), as `crash_points=` (`choice`) asks."""
+    `run_dir`), as `crash_points=` (`choice`) asks, each once per mode of `crash_mode=`
+    (`modes`: "kill", "power"; a power loss is named "<point> (power)")."""
     rank, events = window(run, split, splits, run_dir)
     if not events:
         raise ResumeEquivError(
@@ -163,7 +174,7 @@ def find_points(
         )
     return [
         CrashPoint(
-            ", ".join(dict.fromkeys(names)),
+            ", ".join(dict.fromkeys(names)) + (" (power)" if mode == "power" else ""),
             rank,
             _kind_index(events, position),
             thread_kind(events[position]),
@@ -172,9 +183,11 @@ def find_points(
             foreign,
             events[position],
             completes=kind == RETURNED and not background,
-            overwrites=overwrites.get(position) if kind == TORN else None,
+            overwrites=overwrites.get(position),
+            power=mode == "power",
         )
         for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])
+        for mode in modes
     ]
 
 

@@ -1,8 +1,9 @@
 """The causes of a failed crash point read from what the crash left on disk and what the
 resumed run did with it (`Stage.CRASH`, asked before the catch-all of at_check.py): a file
 the kill cut halfway through its write that the resume then read, written in place over the
-checkpoint it would resume from or written new; and a restarted job that could not save
-into what the crash left.
+checkpoint it would resume from or written new; a marker the kill left opened and empty
+that the resume then read; and a restarted job that could not save into what the crash left.
+A power loss's rollback has its own rule (at_power_loss.py).
 
 The input (`AfterCrash`) holds facts only: the file the crash launch cut (its crash record),
 and what the first failing rank of the resumed launch said in its status file (the watched
@@ -19,7 +20,12 @@ from typing import Any, Optional
 
 from ..rank.crasher import size_words
 from .at_check import CrashedAt
-from .classes import SAVE_BLOCKED_BY_THE_CRASH, TORN_CHECKPOINT, WRITTEN_IN_PLACE
+from .classes import (
+    MARKER_BEFORE_ITS_CONTENT,
+    SAVE_BLOCKED_BY_THE_CRASH,
+    TORN_CHECKPOINT,
+    WRITTEN_IN_PLACE,
+)
 from .rules import Finding, Rule, Stage
 
 WRITE_CALLS = (
@@ -57,6 +63,20 @@ class AfterCrash(CrashedAt):
     resumed_from: Optional[int] = None
     on_disk: tuple[str, ...] = ()
     """Paths the crash left (relative, folders too), for what a failed save ran into."""
+    killed_at: Optional[dict[str, Any]] = None
+    """The event the kill came at (the crash record's: `op`, `path`, `after_step`, and
+    `overwrites`, the step whose file it wrote over in place, None for a new file)."""
+    empty: tuple[str, ...] = ()
+    """The files the crash left empty (0 B)."""
+    rolled_back: tuple[dict[str, Any], ...] = ()
+    """A power-loss point: the writes not yet durable its rollback undid, in the order they
+    were made (checks/power_loss.py: `kind` "cut", "create" or "rename", `op`, `path`,
+    `to`, `after_step`, `dirs` not fsynced, `size` and `of` of a cut, what a renamed name
+    holds `now`, and whether the file a rename replaced was `restored`)."""
+    completed: tuple[int, ...] = ()
+    """The steps whose save had completed before the crash."""
+    outcome: str = ""
+    """The point's verdict, as its row says it."""
 
 
 def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
@@ -64,21 +84,27 @@ def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
     file, or, failing elsewhere (a parser after `open`), that file is the last it read."""
     if not isinstance(crash, AfterCrash) or not crash.torn:
         return None  # where and when only (at_check.CrashedAt): the catch-all's
-    failed = crash.failed or {}
     path = crash.torn["path"]
     torn = {
         **crash.torn,
         "size_words": size_words(int(crash.torn.get("size", 0))),
         "of_words": size_words(int(crash.torn.get("of", 0))),
     }
+    how = how_read(crash, path)
+    return {**torn, "how": how} if how else None
+
+
+def how_read(crash: AfterCrash, path: str) -> str:
+    """How the resumed run read `path` and failed: its failing call was a read of it, or,
+    failing elsewhere (a parser after `open`), it is the last file it read; "" else."""
+    failed = crash.failed or {}
     if failed.get("path") == path and failed.get("op") not in WRITE_CALLS[1:]:
         mode = failed.get("mode", "r")
         if failed.get("op") != "open" or not set("wax+") & set(mode):
-            how = f"{failed['op']}({path}) raised {short(failed.get('error') or crash.message)}"
-            return {**torn, "how": how}
+            return f"{failed['op']}({path}) raised {short(failed.get('error') or crash.message)}"
     if not failed.get("path") and crash.read and crash.read[-1] == path:
-        return {**torn, "how": f"it read {path} last, then failed: {short(crash.message)}"}
-    return None
+        return f"it read {path} last, then failed: {short(crash.message)}"
+    return ""
 
 
 def short(error: str, limit: int = 120) -> str:
@@ -130,6 +156,59 @@ def _torn_read_words(f: Finding) -> str:
     return (
         f"{_cut(f)} on disk, a checkpoint still being written, and the resumed run read it "
         f"as a complete one: {f['how']}"
+    )
+
+
+def marker_before_content(crash: AfterCrash) -> Optional[Finding]:
+    """The kill came right after the save opened a file for writing (the crash record's
+    event is that `open`), the crash left the file empty, and the resumed run read it and
+    failed (its failing call was on it, or it read it last): a marker that exists before
+    its content. The checkpoint of the newest completed step is named where the crash left
+    a folder of that step."""
+    event = crash.killed_at if isinstance(crash, AfterCrash) else None
+    if not event or event.get("op") != "open" or event.get("path") not in crash.empty:
+        return None
+    path = str(event["path"])
+    how = how_read(crash, path)
+    if not how:
+        return None
+    newest = max(crash.completed, default=None)
+    return Finding(
+        f"rank {crash.failed.get('rank', 0)}" if crash.failed else "",
+        {
+            "path": path,
+            "how": how,
+            "step": event.get("after_step"),
+            "overwrites": event.get("overwrites"),
+            "completed": newest,
+            "there": _folder_of_step(crash.on_disk, newest) if newest is not None else "",
+        },
+    )
+
+
+def _folder_of_step(paths: tuple[str, ...], step: int) -> str:
+    """The shortest path the crash left whose name carries the number `step`
+    (`checkpoints/step_2`), or ""."""
+    number = re.compile(rf"(?<![0-9]){step}(?![0-9])")
+    found = [p for p in paths if number.search(p.rsplit("/", 1)[-1])]
+    return min(found, key=len) if found else ""
+
+
+def _marker_words(f: Finding) -> str:
+    place = (
+        f", in place over the one the save at step {f['overwrites']} had written"
+        if f["overwrites"] is not None
+        else ""
+    )
+    saved = f" (the save at step {f['step']})" if f["step"] is not None else ""
+    there = ""
+    if f["completed"] is not None:
+        on = f" is on disk ({f['there']})" if f["there"] else " had completed"
+        there = f"; the checkpoint of step {f['completed']}{on}, but the marker that names it"
+        there += " is what the resume reads"
+    return (
+        f"the kill came between open() and the write of {f['path']}{saved}{place}: it exists, "
+        f"empty (0 B), before its content, and the resumed run read it: {f['how']}{there}"
     )
 
 
@@ -199,6 +278,14 @@ RULES = (
         torn_read,
         _torn_read_words,
         after=("crash.torn-file-written-in-place",),
+    ),
+    Rule(
+        "crash.marker-before-its-content",
+        (Stage.CRASH,),
+        MARKER_BEFORE_ITS_CONTENT,
+        marker_before_content,
+        _marker_words,
+        after=("crash.torn-file-written-in-place", "crash.torn-file-read"),
     ),
     Rule(
         "crash.restarted-job-could-not-save",

@@ -30,8 +30,10 @@ from .classes import (
     LOSS_SCALED_BY_WORLD_SIZE,
     LR_SCHEDULER_MISSING,
     LR_SCHEDULER_OFF_BY_ONE,
+    MARKER_BEFORE_ITS_CONTENT,
     MASTER_WEIGHTS,
     NEVER_RESTORED,
+    NOT_FSYNCED,
     OBJECT_KINDS,
     OPTIMIZER_STATE,
     OPTIMIZER_STATE_MISSING,
@@ -221,6 +223,18 @@ CLASSES: dict[str, BugClass] = {
         BugClass(
             RESTORED_WRONG,
             "save the stream's state after the step that ends at the split, next to the weights",
+        ),
+        BugClass(
+            MARKER_BEFORE_ITS_CONTENT,
+            "write the marker to a temporary file beside it, then os.replace it onto the "
+            "marker's name: it exists only once whole, and a kill before the rename leaves the "
+            "previous marker",
+        ),
+        BugClass(
+            NOT_FSYNCED,
+            "flush and os.fsync each file before os.replace puts it in place, then os.fsync "
+            "the folder the rename (or the file's creation) happened in (fd = os.open(folder, "
+            "os.O_RDONLY); os.fsync(fd)): only then does it survive a power loss",
         ),
         BugClass(
             SAVE_BLOCKED_BY_THE_CRASH,

@@ -36,7 +36,7 @@ from .record import SignatureWriter, header
 from .restore import RestoreLog
 from .resume_point import ResumePoint, fingerprint_files
 from .rng import Generators, mutate, seed_devices, seed_host_streams, streams
-from .run_dir import signature_path
+from .run_dir import replaced_path, signature_path
 from .sketch import Sketch
 from .trace import DrawTrace, user_frame
 from .watch import Watched
@@ -336,6 +336,8 @@ class RankState:
             self.crasher = Crasher(ctx.crash, ctx.rank, ctx.splits, ctx.run_dir)
             self.files.listeners.append(self.crasher.on_event)  # after the signature's
             self.files.before_listeners.append(self.crasher.before_call)
+            if ctx.crash.get("power"):  # the rollback brings back what renames replaced
+                self.files.keep_into = replaced_path(ctx.run_dir)
         self.files.install()
         self.restores.after_import("torch.distributed.checkpoint", self.files.install_dcp)
         self.restores.after_import("safetensors.torch", self.files.install_safetensors)

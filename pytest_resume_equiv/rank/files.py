@@ -14,6 +14,11 @@ nested calls is logged (`torch.save` opens its file), and only paths inside the 
 Two things are kept beside the events, for what a failed rank says in its status file: the
 last files opened for reading there (`reads`: what a resume read), and, on an exception out
 of a watched call, which call it was (`wrapping.tag_failure`: "os.replace onto step_4").
+
+For a power-loss crash launch (`checks/power_loss.py` rolls back what was not durable) an
+`os.fsync` event says what it made durable (`size`: the file's size then; `folder`: a
+folder's names), and with `keep_into` set, a rename onto an existing file first keeps a hard
+link to that file there, named in the event (`replaced`): the rollback brings it back.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import collections
 import io
 import os
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -36,6 +42,7 @@ Event = dict[str, Any]
 recorded before it), `time_ns`, and `thread` when not the main thread (a background save)."""
 
 WRITE_MODES = set("wax+")
+RENAMES = ("os.replace", "os.rename")
 READS_KEPT = 8
 """How many of the last files opened for reading a rank keeps (`FileLog.reads`)."""
 
@@ -54,6 +61,11 @@ class FileLog:
         """The last files opened for reading anywhere (absolute, as opened): `reads` keeps
         those in the watched folders, resolved only when asked."""
         self._calls = Wrapper(__name__)
+        self.keep_into: Optional[str] = None
+        """A power-loss crash launch: the folder a file a rename replaces is kept in."""
+        self._kept = threading.local()
+        self._kept_count = 0
+        self._keep_lock = threading.Lock()
 
     def watch(self, *folders: Optional[str]) -> None:
         """Log events inside `folders` (a folder that does not exist yet is fine)."""
@@ -76,7 +88,8 @@ class FileLog:
                 return real
         return None
 
-    def log(self, op: str, path: Any, to: Any = None) -> None:
+    def log(self, op: str, path: Any, to: Any = None, **extra: Any) -> None:
+        """One event (`extra`: more of its facts, e.g. an fsync's `size`)."""
         name = _path_of(path)
         if name is None:
             return
@@ -88,6 +101,7 @@ class FileLog:
         event: Event = {"op": op, "path": real or name, "after_step": self.after_step}
         if target is not None:
             event["to"] = real_to or target
+        event.update(extra)
         event["time_ns"] = time.time_ns()
         thread = threading.current_thread()
         if thread is not threading.main_thread():
@@ -95,22 +109,55 @@ class FileLog:
         for listener in self.listeners:
             listener(event)
 
-    def _wrap(self, owner: Any, name: str, op: str, paths: Callable[..., tuple]) -> None:
+    def _wrap(
+        self,
+        owner: Any,
+        name: str,
+        op: str,
+        paths: Callable[..., tuple],
+        extra: Optional[Callable[..., dict[str, Any]]] = None,
+    ) -> None:
         """Replace `owner.name` with a function that logs `op` on `paths(*args, **kwargs)`
-        ((path,) or (path, to), or () for nothing to log) after the call returns: the event is
-        what happened, not what was tried."""
+        ((path,) or (path, to), or () for nothing to log) after the call returns, with
+        `extra(*args, **kwargs)` in the event: the event is what happened, not what was
+        tried."""
 
         def logged(*args: Any, **kwargs: Any) -> None:
             try:
                 found = paths(*args, **kwargs)
+                more = extra(*args, **kwargs) if extra is not None else {}
             except Exception:  # naming is best effort: the call itself happened
-                found = ()
+                found, more = (), {}
+            kept = getattr(self._kept, "path", None) if op in RENAMES else None
+            if kept:
+                more["replaced"] = kept
             if found:
-                self.log(op, *found)
+                self.log(op, *found, **more)
 
         failed = self._failed(op, paths)
         before = self._before(op, paths)
         self._calls.wrap(owner, name, logged, before=before, sees_arguments=True, failed=failed)
+
+    def _keep(self, op: str, found: tuple) -> None:
+        """Before a rename (a power-loss crash launch): a hard link to the file it will
+        replace, in `keep_into`, for the event to name."""
+        self._kept.path = None
+        if self.keep_into is None or op not in RENAMES or len(found) < 2:
+            return
+        target = _path_of(found[1])
+        if target is None or self.inside(target) is None or not os.path.isfile(target):
+            return
+        with self._keep_lock:
+            self._kept_count += 1
+            number = self._kept_count
+        kept = os.path.join(self.keep_into, f"{number}-{os.path.basename(target)}")
+        try:
+            with self._calls.unreported():  # the plugin's own link: no event
+                os.makedirs(self.keep_into, mode=0o700, exist_ok=True)
+                os.link(target, kept, follow_symlinks=False)
+        except OSError:
+            return
+        self._kept.path = kept
 
     def _failed(self, op: str, paths: Callable[..., tuple]) -> Callable[..., None]:
         """What tags an exception out of `op` with the call, when it was on a path inside
@@ -159,6 +206,11 @@ class FileLog:
 
     def _before(self, op: str, paths: Callable[..., tuple]) -> Callable[..., None]:
         def before(*args: Any, **kwargs: Any) -> None:
+            if op in RENAMES:
+                try:
+                    self._keep(op, paths(*args, **kwargs))
+                except Exception:
+                    self._kept.path = None
             if not self.before_listeners:
                 return
             try:
@@ -187,7 +239,7 @@ class FileLog:
         for name in ("unlink", "remove", "rmdir"):
             self._wrap(os, name, f"os.{name}", lambda p, *r, **k: (p,))
         self._wrap(shutil, "rmtree", "shutil.rmtree", lambda p, *r, **k: (p,))
-        self._wrap(os, "fsync", "os.fsync", lambda fd, *r, **k: _fd_path(fd))
+        self._wrap(os, "fsync", "os.fsync", lambda fd, *r, **k: _fd_path(fd), _synced)
         torch = sys.modules.get("torch")
         if torch is not None:
             self._wrap(torch, "save", "torch.save", lambda obj, f, *r, **k: (f,))
@@ -227,6 +279,16 @@ def _fd_path(fd: Any) -> tuple:
         return (os.readlink(f"/proc/self/fd/{fd}"),)
     except (OSError, TypeError):
         return ()
+
+
+def _synced(fd: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """What an fsync made durable: a file's size then, or a folder's names."""
+    fd = fd if isinstance(fd, int) else getattr(fd, "fileno", lambda: None)()
+    try:
+        found = os.fstat(fd)
+    except (OSError, TypeError):
+        return {}
+    return {"folder": True} if stat.S_ISDIR(found.st_mode) else {"size": found.st_size}
 
 
 def _dcp_folder(*args: Any, checkpoint_id: Any = None, storage_writer: Any = None, **kw: Any):

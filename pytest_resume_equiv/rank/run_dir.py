@@ -12,6 +12,8 @@ What a signature file holds line by line is `layout.py`'s; how a rank learns its
                                   torchrun put in sessions of their own
       status/rank-<R>.json        how the user's code ended (RankStatus)
       status/crashed.json         interrupt="crash": where the ranks were killed
+      status/replaced/            a power-loss crash launch: hard links to the files its
+                                  renames replaced (checks/power_loss.py brings them back)
       gate-open                   created by the plugin: a prestarted launch may run now
       launch.json, KEEP           the plugin's own notes on a shared uninterrupted launch
       dump-stacks                 created by the plugin: a timed-out launch's ranks dump stacks
@@ -93,6 +95,11 @@ def status_path(run_dir: str, rank: int) -> str:
 def crash_record_path(run_dir: str) -> str:
     """interrupt="crash": where the rank that reached the crash point says which it was."""
     return os.path.join(run_dir, "status", "crashed.json")
+
+
+def replaced_path(run_dir: str) -> str:
+    """A power-loss crash launch: where a rank keeps the files its renames replace."""
+    return os.path.join(run_dir, "status", "replaced")
 
 
 def pid_path(run_dir: str, rank: int) -> str:

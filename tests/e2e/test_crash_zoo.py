@@ -254,3 +254,169 @@ def test_the_restarted_job_saves_where_it_resumed(pytester):
         in control
     )
     assert processes_mentioning(str(pytester.path)) == []
+
+
+POWER = """
+from pytest_resume_equiv import resume_equivalent
+import crashzoo
+
+ROOT = "{run_dir}/checkpoints"
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_mode="power")
+def test_renames_without_fsync(resume_equiv):
+    resume_equiv.run(crashzoo.train_renames_without_fsync, checkpoint=ROOT)
+
+
+@resume_equivalent(
+    steps=6, split=[2, 4], interrupt="crash", crash_mode="power", crash_points=["last"]
+)
+def test_pointer_not_fsynced(resume_equiv):
+    resume_equiv.run(crashzoo.train_pointer_not_fsynced, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_mode="power")
+def test_fsynced_then_renamed(resume_equiv):
+    resume_equiv.run(crashzoo.train_saves_over_by_replace, checkpoint=ROOT)
+"""
+
+
+@pytest.mark.long(60)
+def test_a_power_loss_rolls_back_what_was_not_fsynced(pytester):
+    """crash_mode="power": at each point the kill, then every write the crash launch had not
+    made durable rolled back. A temporary renamed onto the checkpoint without any fsync
+    survives every kill and no power loss; a `latest` renamed without an fsync of its folder
+    names, after one, the folder the save then deleted. The control (fsync the file,
+    os.replace, fsync the folder) passes every point."""
+    shutil.copy(ZOO, pytester.path / "crashzoo.py")
+    pytester.makepyfile(test_power=POWER)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=2)
+
+    unsynced = section_of(text, "test_renames_without_fsync")
+    assert "crash at split 4 failed (3 failed)" in unsynced, unsynced
+    for line in [
+        "first (power)         rank 0: after torch.save(checkpoints/ckpt.pt.tmp), then a "
+        "power loss",
+        "middle, last (power)  rank 0: after os.replace(checkpoints/ckpt.pt.tmp -> "
+        "checkpoints/ckpt.pt), then a power loss",
+        "rolled back: checkpoints/ckpt.pt.tmp removed (created at step 2; checkpoints not "
+        "fsynced after), os.replace(checkpoints/ckpt.pt.tmp -> checkpoints/ckpt.pt) undone (at "
+        "step 2; checkpoints not fsynced after), checkpoints/ckpt.pt.tmp removed (created at "
+        "step 4; checkpoints not fsynced after)",
+        "on disk: nothing",
+        "-> FAILED: started over from step 0: lost the completed checkpoint of step 2",
+    ]:
+        assert line in unsynced, line
+    assert (
+        "likely cause (not fsynced): checkpoints/ckpt.pt was renamed into place "
+        "(os.replace(checkpoints/ckpt.pt.tmp -> checkpoints/ckpt.pt), in the save at step 2) "
+        "without an fsync of its folder checkpoints: after a power loss the rename is undone "
+        "and checkpoints/ckpt.pt is gone; the resumed run started over from step 0: lost the "
+        "completed checkpoint of step 2 (2 more writes not yet durable were rolled back). Fix: "
+        "flush and os.fsync each file before os.replace puts it in place, then os.fsync the "
+        "folder the rename (or the file's creation) happened in"
+    ) in unsynced, unsynced
+    assert unsynced.count("Fix:") == 1
+
+    pointer = section_of(text, "test_pointer_not_fsynced")
+    assert (
+        "last (power)  rank 0: after shutil.rmtree(checkpoints/step_2), then a power loss"
+        in pointer
+    ), pointer
+    assert (
+        "rolled back: checkpoints/latest.tmp removed (created at step 4; checkpoints not fsynced "
+        "after), os.replace(checkpoints/latest.tmp -> checkpoints/latest) undone, the file it "
+        "replaced back (at step 4; checkpoints not fsynced after)"
+    ) in pointer
+    assert re.search(
+        r"-> FAILED: crashed on the torn checkpoint \(rank \d: FileNotFoundError: \[Errno 2\] "
+        r"No such file or directory: 'checkpoints/step_2/model\.pt'\)",
+        pointer,
+    ), pointer
+    assert re.search(
+        r"likely cause \(not fsynced\): rank \d: checkpoints/latest was renamed into place "
+        r"\(os\.replace\(checkpoints/latest\.tmp -> checkpoints/latest\), in the save at step "
+        r"4\) without an fsync of its folder checkpoints: after a power loss the rename is "
+        r"undone and checkpoints/latest reads 'step_2' again; the resumed run read it, then "
+        r"failed: open\(checkpoints/step_2/model\.pt\) raised FileNotFoundError: \[Errno 2\] No "
+        r"such file or directory \(1 more writes not yet durable were rolled back\)\. Fix: "
+        r"flush and os\.fsync each file",
+        pointer,
+    ), pointer
+
+    control = section_of(text, "test_fsynced_then_renamed")
+    assert "crash at split 4 passed (4 exact)" in control, control
+    for line in [
+        "middle (power)    rank 0: after os.replace(checkpoints/ckpt.pt.tmp -> "
+        "checkpoints/ckpt.pt), then a power loss",
+        "rolled back: checkpoints/ckpt.pt.tmp removed (created at step 4; checkpoints not "
+        "fsynced after), os.replace(checkpoints/ckpt.pt.tmp -> checkpoints/ckpt.pt) undone, the "
+        "file it replaced back (at step 4; checkpoints not fsynced after)",
+        "-> EXACT: exact (resumed from step 2)",
+        "rolled back: nothing (every write was durable)",
+        "-> EXACT: exact (resumed from step 4)",
+    ]:
+        assert line in control, line
+    assert processes_mentioning(str(pytester.path)) == []
+
+
+MARKERS = """
+from pytest_resume_equiv import resume_equivalent
+import crashzoo
+
+ROOT = "{run_dir}/checkpoints"
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["last"])
+def test_marks_in_place(resume_equiv):
+    resume_equiv.run(crashzoo.train_marks_in_place, checkpoint=ROOT)
+
+
+@resume_equivalent(steps=6, split=[2, 4], interrupt="crash", crash_points=["last"])
+def test_marks_by_rename(resume_equiv):
+    resume_equiv.run(crashzoo.train_marks_by_rename, checkpoint=ROOT)
+"""
+
+
+@pytest.mark.long(30)
+def test_a_marker_written_last_in_place_exists_before_its_content(pytester):
+    """step_k's files, then the marker `step` that names the newest, written last but in
+    place: killed between its open() and the write, it is left empty and the resume cannot
+    parse it, though step_2 is complete on disk. The point is named from what was on disk
+    and what the resume read (it used to say 'lost the completed checkpoint of step 2'). The
+    control writes the marker by rename."""
+    shutil.copy(ZOO, pytester.path / "crashzoo.py")
+    pytester.makepyfile(test_markers=MARKERS)
+    result = pytester.runpytest_subprocess(*CPU, "-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+
+    in_place = section_of(text, "test_marks_in_place")
+    assert "last  rank 0: after open(checkpoints/step)\n" in in_place, in_place
+    assert re.search(r"on disk: checkpoints/\{step 0 B\}, checkpoints/step_2/\{", in_place)
+    why = (
+        r"-> FAILED: crashed on the empty checkpoints/step \(rank \d: ValueError: invalid "
+        r"literal for int\(\) with base 10: ''\)\n"
+    )
+    assert re.search(why, in_place), in_place
+    assert "lost the completed checkpoint" not in in_place
+    assert re.search(
+        r"likely cause \(marker before its content\): the kill came between open\(\) "
+        r"and the write of checkpoints/step \(the save at step 4\), in place over the one the "
+        r"save at step 2 had written: it exists, empty \(0 B\), before its content, and the "
+        r"resumed run read it: it read checkpoints/step last, then failed: ValueError: invalid "
+        r"literal for int\(\) with base 10: ''; the checkpoint of step 2 is on disk "
+        r"\(checkpoints/step_2\), but the marker that names it is what the resume reads\. Fix: "
+        r"write the marker to a temporary file beside it, then os\.replace it onto the "
+        r"marker's name",
+        in_place,
+    ), in_place
+    assert in_place.count("Fix:") == 1
+
+    control = section_of(text, "test_marks_by_rename")
+    assert "crash at split 4 passed (1 exact)" in control, control
+    assert "last  rank 0: after os.replace(checkpoints/step.tmp -> checkpoints/step)" in control
+    assert "-> EXACT: exact (resumed from step 4)" in control
+    assert processes_mentioning(str(pytester.path)) == []

@@ -133,7 +133,7 @@ KEYS = {
     "PreflightFacts": "kind findings precision",
     "CrashTable": "kind split rows",
     "LoadedStep": "kind split found counters files",
-    "Row": "point where disk resumed_from status why",
+    "Row": "point where disk resumed_from status why rolled_back",
     "Tolerance": "name first later",
     "ComparisonRules": "steps tolerance ignore strict_latent",
 }

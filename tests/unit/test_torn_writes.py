@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from pytest_resume_equiv.checks.after_crash import Row, after_crash
+from pytest_resume_equiv.checks.after_crash import Row, after_crash, judge_after_crash
 from pytest_resume_equiv.checks.crash_points import find_points, overwritten
 from pytest_resume_equiv.errors import ResumeEquivError
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
@@ -271,3 +271,48 @@ def test_the_files_read_are_listed_while_another_thread_opens_more(tmp_path):
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_resume_that_fails_right_after_reading_a_file_the_crash_left_empty_crashed_on_it(
+    tmp_path,
+):
+    """A marker opened and not yet written: the trainer's own parser raises (which reads as a
+    refusal) right after reading it. With a completed checkpoint there, the row names the
+    empty file, not a lost checkpoint; with none, the refusal passes as before. The facts
+    say where the kill came and what it left empty."""
+    from plan_helpers import plan_for
+
+    _, plan = plan_for(tmp_path, trainer, steps=6, split=[2, 4])
+    spec = plan.launches[0].spec
+    result = LaunchResult(spec, [1], False, 0.0, [RankOutcome(0, "none", "ValueError")], "rerun")
+    marker = os.path.join(spec.run_dir, "checkpoints", "step")
+    os.makedirs(os.path.dirname(marker))
+    open(marker, "w").close()
+    error = "ValueError: invalid literal for int() with base 10: ''"
+    mine = 'File "/x/train.py", line 9, in find\n'
+    write_status(spec.run_dir, 0, RankStatus("error", 1, error, mine, None, [marker]))
+    reference = saving_run([])
+    row = judge_after_crash(Row("last", "x"), result, reference, None, [2], None, "pass")
+    assert (row.status, row.why) == (
+        "failed",
+        "crashed on the empty checkpoints/step (rank 0: ValueError)",
+    )
+    row = judge_after_crash(Row("last", "x"), result, reference, None, [], None, "pass")
+    assert row.status == "refused"
+    with open(marker, "w") as f:
+        f.write("4")
+    row = judge_after_crash(Row("last", "x"), result, reference, None, [2], None, "pass")
+    assert row.why == f"refused (rank 0: {error}): lost the completed checkpoint of step 2"
+
+    crash_dir = tmp_path / "crash-1"
+    (crash_dir / "checkpoints" / "step_2").mkdir(parents=True)
+    (crash_dir / "checkpoints" / "step").write_text("")
+    opened = {"op": "open", "path": str(crash_dir / "checkpoints" / "step"), "after_step": 4}
+    facts = after_crash(Row("last", "x"), {"event": opened}, str(crash_dir), result, None, 2)
+    assert facts.killed_at == {
+        "op": "open",
+        "path": "checkpoints/step",
+        "after_step": 4,
+        "overwrites": 2,
+    }
+    assert facts.empty == ("checkpoints/step",)

@@ -349,3 +349,99 @@ def train_renames_onto_what_the_crash_left_one_root(ctx):
 
 def train_renames_after_clearing(ctx):
     train_from_pointer(ctx, save_renamed_then_pointed_clearing, one_root=False)
+
+
+# --- Power loss: what was not fsynced is rolled back (issue 43) ------------------------------
+
+
+def save_renamed_without_fsync(root, step, model, opt):
+    """The bug: a temporary renamed onto the one checkpoint file, atomic against a kill, with
+    no fsync of the file nor of its folder: after a power loss the rename is undone, and the
+    file's data may never have reached the disk."""
+    os.makedirs(root, exist_ok=True)
+    tmp, final = os.path.join(root, "ckpt.pt.tmp"), os.path.join(root, "ckpt.pt")
+    torch.save(one_file_state(step, model, opt), tmp)
+    os.replace(tmp, final)
+
+
+def train_renames_without_fsync(ctx):
+    train_one_file(ctx, save_renamed_without_fsync)
+
+
+def save_pointer_not_fsynced(root, step, model, opt):
+    """Each step folder durable (its files and the folder fsynced, renamed into place, the
+    root fsynced), then `latest` written and fsynced and os.replace'd into place, the bug:
+    without an fsync of the root, then the older folders deleted. After a power loss the
+    rename of `latest` is undone: it names the folder the save deleted."""
+    tmp, final = os.path.join(root, f"tmp-step_{step}"), os.path.join(root, f"step_{step}")
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+    write_step(tmp, step, model.state_dict(), opt.state_dict())
+    for name in ("model.pt", "optim.pt"):
+        fsync_path(os.path.join(tmp, name))
+    fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_path(root)
+    with open(os.path.join(root, "latest.tmp"), "w") as f:
+        f.write(f"step_{step}")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))
+    for name in os.listdir(root):
+        if name.startswith("step_") and name != f"step_{step}":
+            shutil.rmtree(os.path.join(root, name))
+
+
+def train_pointer_not_fsynced(ctx):
+    train(ctx, save=save_pointer_not_fsynced, trust_pointer=True)
+
+
+# --- A marker written last, in place or by rename (issue 43) ---------------------------------
+
+
+def save_then_mark(root, step, model, opt, by_rename=False):
+    """step_k/{model.pt, optim.pt}, then the marker `step` that names the newest, written
+    last. The bug: written in place, it exists (empty) between open() and the write; the
+    control (`by_rename`) writes it to step.tmp and os.replaces it."""
+    folder = os.path.join(root, f"step_{step}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+    torch.save(opt.state_dict(), os.path.join(folder, "optim.pt"))
+    marker = os.path.join(root, "step")
+    with open(marker + ".tmp" if by_rename else marker, "w") as f:
+        f.write(str(step))
+    if by_rename:
+        os.replace(marker + ".tmp", marker)
+
+
+def save_then_mark_by_rename(root, step, model, opt):
+    save_then_mark(root, step, model, opt, by_rename=True)
+
+
+def train_from_marker(ctx, save):
+    """Resumes from the folder the marker `step` names, when there is a marker."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    marker = os.path.join(root, "step")
+    start = 0
+    if os.path.exists(marker):
+        with open(marker) as f:
+            start = int(f.read())
+        folder = os.path.join(root, f"step_{start}")
+        model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), weights_only=True))
+        opt.load_state_dict(torch.load(os.path.join(folder, "optim.pt"), weights_only=True))
+    for step in range(start + 1, ctx.steps + 1):
+        train_step(model, opt, step, rank)
+        if step in ctx.splits:
+            if rank == 0:
+                save(root, step, model, opt)
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+def train_marks_in_place(ctx):
+    train_from_marker(ctx, save_then_mark)
+
+
+def train_marks_by_rename(ctx):
+    train_from_marker(ctx, save_then_mark_by_rename)

@@ -2,6 +2,8 @@
 (diagnose/at_crash.py): a file the kill cut halfway through its write that the resume read,
 written in place or new; the catch-all of at_check.py answers the rest."""
 
+import dataclasses
+
 from pytest_resume_equiv.diagnose import Stage, cause
 from pytest_resume_equiv.diagnose.at_crash import AfterCrash
 
@@ -132,3 +134,180 @@ def test_a_write_that_fails_before_the_resumed_run_trained_is_no_save_of_its_own
         facts = AfterCrash("middle", "x", failed=failed, resumed_from=2, on_disk=LEFT)
         d = cause(Stage.CRASH, facts)
         assert d is not None and d.rule == CATCH_ALL, (failed, d and d.rule)
+
+
+# A marker opened, not yet written (issue 43, point 4)
+
+
+MARKER = "crash.marker-before-its-content"
+INT_ERROR = "ValueError: invalid literal for int() with base 10: ''"
+MARKER_LEFT = (
+    "checkpoints",
+    "checkpoints/step",
+    "checkpoints/step_2",
+    "checkpoints/step_2/model.pt",
+)
+
+
+def marker_killed(**facts):
+    """Killed right after open(checkpoints/step, "w") of the save at step 4, over the marker
+    the save at step 2 wrote: it is left empty, and the resume parses it."""
+    opened = {"op": "open", "path": "checkpoints/step", "after_step": 4, "overwrites": 2}
+    return AfterCrash(
+        "last",
+        "rank 0: after open(checkpoints/step)",
+        **{
+            "killed_at": opened,
+            "empty": ("checkpoints/step",),
+            "read": ("checkpoints/step",),
+            "message": INT_ERROR,
+            "completed": (2,),
+            "on_disk": MARKER_LEFT,
+            "outcome": "crashed on the empty checkpoints/step (rank 0: " + INT_ERROR + ")",
+            **facts,
+        },
+    )
+
+
+@fires(MARKER)
+def test_a_marker_the_kill_left_opened_and_empty_that_the_resume_read_exists_before_its_content():
+    named(
+        cause(Stage.CRASH, marker_killed()),
+        MARKER,
+        "marker before its content",
+        "the kill came between open() and the write of checkpoints/step (the save at step 4), "
+        "in place over the one the save at step 2 had written: it exists, empty (0 B), before "
+        "its content, and the resumed run read it: it read checkpoints/step last, then failed: "
+        "ValueError: invalid literal for int() with base 10: ''; the checkpoint of step 2 is on "
+        "disk (checkpoints/step_2), but the marker that names it is what the resume reads",
+        "write the marker to a temporary file beside it, then os.replace it onto the marker's",
+    )
+
+
+@look_alike(MARKER, wins=IN_PLACE)
+def test_a_marker_the_kill_cut_inside_its_write_is_a_torn_file_written_in_place():
+    cut = torn("checkpoints/step", overwrites=2, op="open")
+    d = cause(Stage.CRASH, marker_killed(torn=cut))
+    assert d is not None and d.rule == IN_PLACE, d and d.rule
+
+
+@look_alike(MARKER, wins=CATCH_ALL)
+def test_an_empty_file_the_resume_did_not_read_last_or_one_written_whole_is_no_empty_marker():
+    for facts in (
+        {"read": ("checkpoints/step", "checkpoints/step_2/model.pt")},
+        {"failed": load_failed("checkpoints/step_2/model.pt")},
+        {"empty": ()},
+        {"killed_at": {"op": "os.replace", "path": "checkpoints/step.tmp"}},
+    ):
+        d = cause(Stage.CRASH, marker_killed(**facts))
+        assert d is not None and d.rule == CATCH_ALL, (facts, d and d.rule)
+
+
+# A power loss (crash_mode="power")
+
+
+POWER = "crash.undone-by-power-loss"
+
+
+def rolled(kind, path, after_step=4, **more):
+    return {
+        "kind": kind,
+        "op": more.pop("op", "open"),
+        "path": path,
+        "after_step": after_step,
+        "dirs": ["checkpoints"],
+        **more,
+    }
+
+
+POINTER_BACK = rolled(
+    "rename",
+    "checkpoints/latest.tmp",
+    op="os.replace",
+    to="checkpoints/latest",
+    restored=True,
+    now="reads 'step_2'",
+)
+
+
+@fires(POWER)
+def test_a_pointer_whose_rename_a_power_loss_undid_names_the_step_the_save_deleted():
+    missing = {
+        **load_failed("checkpoints/step_2/model.pt", op="open"),
+        "mode": "rb",
+        "error": "FileNotFoundError: [Errno 2] No such file or directory: '/r/step_2/model.pt'",
+        "rank": 0,
+    }
+    facts = AfterCrash(
+        "last (power)",
+        "rank 0: after shutil.rmtree(checkpoints/step_2), then a power loss",
+        failed=missing,
+        read=("checkpoints/latest",),
+        rolled_back=(POINTER_BACK, rolled("create", "checkpoints/latest.tmp")),
+    )
+    named(
+        cause(Stage.CRASH, facts),
+        POWER,
+        "not fsynced",
+        "rank 0: checkpoints/latest was renamed into place (os.replace(checkpoints/latest.tmp "
+        "-> checkpoints/latest), in the save at step 4) without an fsync of its folder "
+        "checkpoints: after a power loss the rename is undone and checkpoints/latest reads "
+        "'step_2' again; the resumed run read it, then failed: open(checkpoints/step_2/model.pt) "
+        "raised FileNotFoundError: [Errno 2] No such file or directory (1 more writes not yet "
+        "durable were rolled back)",
+        "flush and os.fsync each file before os.replace puts it in place, then os.fsync the folder",
+    )
+
+
+@fires(POWER)
+def test_a_checkpoint_a_power_loss_took_away_is_named_by_its_first_rename_undone():
+    """The resumed run read nothing the rollback touched: it started over."""
+    facts = AfterCrash(
+        "first (power)",
+        "x",
+        outcome="started over from step 0: lost the completed checkpoint of step 2",
+        rolled_back=(
+            rolled("create", "checkpoints/ckpt.tmp", after_step=2),
+            rolled(
+                "rename",
+                "checkpoints/ckpt.tmp",
+                2,
+                op="os.replace",
+                to="checkpoints/ckpt",
+                now="is gone",
+            ),
+            rolled("cut", "checkpoints/ckpt.tmp", size=0, of=1331, fsynced=False),
+        ),
+    )
+    named(
+        cause(Stage.CRASH, facts),
+        POWER,
+        "not fsynced",
+        "checkpoints/ckpt was renamed into place (os.replace(checkpoints/ckpt.tmp -> "
+        "checkpoints/ckpt), in the save at step 2) without an fsync of its folder checkpoints: "
+        "after a power loss the rename is undone and checkpoints/ckpt is gone; the resumed run "
+        "started over from step 0: lost the completed checkpoint of step 2 (2 more writes",
+        "os.fsync",
+    )
+    only_cut = dataclasses.replace(facts, rolled_back=facts.rolled_back[2:])
+    named(
+        cause(Stage.CRASH, only_cut),
+        POWER,
+        "not fsynced",
+        "checkpoints/ckpt.tmp was written (open, in the save at step 4) and never fsynced: "
+        "after a power loss it is cut to 0 B of 1.3 KiB; the resumed run started over",
+        "os.fsync",
+    )
+
+
+@look_alike(POWER, wins=MARKER)
+def test_a_power_loss_at_a_marker_opened_and_empty_is_the_marker_before_its_content():
+    cut = rolled("cut", "checkpoints/step", size=0, of=1, fsynced=False)
+    d = cause(Stage.CRASH, marker_killed(rolled_back=(cut,)))
+    assert d is not None and d.rule == MARKER, d and d.rule
+
+
+@look_alike(POWER, wins=CATCH_ALL)
+def test_a_kill_with_nothing_rolled_back_is_no_power_loss():
+    d = cause(Stage.CRASH, crash(failed=load_failed(), rolled_back=()))
+    assert d is not None and d.rule == CATCH_ALL, d and d.rule
