@@ -4,10 +4,21 @@ have no plugin line; the caught-bug demo shows what recording more adds (`--reco
 from pathlib import Path
 
 import pytest
+import torch
 
 from pytest_resume_equiv import resume_equivalent
 
 TRAIN = str(Path(__file__).with_name("train.py"))
+FSDP2_ON_CPU = hasattr(getattr(torch, "cpu", None), "Stream") and hasattr(
+    torch.cpu.Stream, "record_event"
+)
+"""FSDP2's `fully_shard` on CPU (gloo) needs `torch.cpu.Stream.record_event`: torch 2.7+
+(docs/reference/support.md); on an older torch these examples need an accelerator."""
+pytestmark = pytest.mark.skipif(
+    not FSDP2_ON_CPU and not torch.cuda.is_available(),
+    reason=f"FSDP2 on CPU needs torch 2.7+ (torch {torch.__version__} has no "
+    "torch.cpu.Stream.record_event): run these on an accelerator or a newer torch",
+)
 
 
 def _command(model_dir, *more):
