@@ -55,6 +55,7 @@ def _scheduler_ratio(facts: ConfigurationFacts, per_rank: bool) -> Optional[Find
         ):
             if k > 1 and y > 0 and close(x / y, k) and not close(k, o):
                 evidence = {"role": role, "scheduler": name, "epochs": [x, y], "k": round(k)}
+                evidence["per"] = "rank" if per_rank else "backward"
                 return Finding(f"{role}, step {step}", evidence)
     return None
 
@@ -67,11 +68,16 @@ def scheduler_per_micro_step(facts: ConfigurationFacts) -> Optional[Finding]:
 
 
 def _scheduler_words(f: Finding) -> str:
+    """Both scheduler rules' words: what it steps once per, read from the finding."""
     x, y = f["epochs"]
+    if f["per"] == "rank":
+        how = f"once per rank ({f['k']} times the other configuration's ranks)"
+        where = " on more ranks"
+    else:
+        how, where = f"once per backward ({f['k']} per optimizer step)", ""
     return (
         f"{f['scheduler']} counted {x} steps where the other configuration counted {y}: it steps "
-        f"once per backward ({f['k']} per optimizer step), so the learning-rate sequence runs "
-        f"{f['k']} times fast"
+        f"{how}, so the learning-rate sequence runs {f['k']} times fast{where}"
     )
 
 
@@ -80,15 +86,6 @@ def scheduler_per_rank(facts: ConfigurationFacts) -> Optional[Finding]:
     of ranks (W > 1, not the ratio of backwards per step): it steps once per rank (accelerate
     steps a prepared scheduler once per process unless `split_batches=True`)."""
     return _scheduler_ratio(facts, per_rank=True)
-
-
-def _scheduler_per_rank_words(f: Finding) -> str:
-    x, y = f["epochs"]
-    return (
-        f"{f['scheduler']} counted {x} steps where the other configuration counted {y}: it steps "
-        f"once per rank ({f['k']} times the other configuration's ranks), so the learning-rate "
-        f"sequence runs {f['k']} times fast on more ranks"
-    )
 
 
 def same_data_on_every_rank(facts: ConfigurationFacts) -> Optional[Finding]:
@@ -184,7 +181,7 @@ RULES: tuple[Rule[ConfigurationFacts], ...] = (
          scheduler_per_micro_step, _scheduler_words,
          after=("configuration.clipped-by-own-shards",)),
     Rule("configuration.scheduler-per-rank", STAGE, SCHEDULER_PER_RANK,
-         scheduler_per_rank, _scheduler_per_rank_words,
+         scheduler_per_rank, _scheduler_words,
          after=("configuration.scheduler-per-micro-step",)),
     Rule("configuration.other-samples", STAGE, DATA_ORDER_BY_CONFIGURATION,
          other_samples, _other_samples_words, after=("configuration.same-data-on-every-rank",)),

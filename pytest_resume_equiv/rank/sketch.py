@@ -22,6 +22,7 @@ Every value stays on its device until the step's line is written (one transfer).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from .fingerprint import hash_bytes, local_shard
@@ -64,33 +65,33 @@ class Sketch:
         """The trained modules found so far: their parameters' names."""
         self.patches = Patches(__name__)
 
-    def gradient(self) -> Any:
-        """The squared norm of this rank's gradients of every parameter the optimizers
-        found so far update (a 0-d float64 tensor on their device)."""
-        torch = sys.modules["torch"]
+    def _grads(self) -> Iterator[tuple[str, Any, Any]]:
+        """(place, parameter, gradient) of each parameter the optimizers found so far update
+        that has a gradient, once each: its place in the optimizers names it where no model
+        does (`optimizer0.group0.3`)."""
         seen: set[int] = set()
+        for i, optimizer in enumerate(self.optimizers()):
+            for j, group in enumerate(optimizer.param_groups):
+                for k, param in enumerate(group["params"]):
+                    if param.grad is not None and id(param) not in seen:
+                        seen.add(id(param))
+                        yield f"optimizer{i}.group{j}.{k}", param, param.grad
+
+    def gradient(self) -> Any:
+        """The squared norm of this rank's gradients (its local shards') of every parameter
+        the optimizers found so far update (a 0-d float64 tensor on their device)."""
+        torch = sys.modules["torch"]
         total = None
-        for optimizer in self.optimizers():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if id(param) in seen or param.grad is None:
-                        continue
-                    seen.add(id(param))
-                    grad = param.grad
-                    local = grad.to_local() if hasattr(grad, "to_local") else grad
-                    part = _squared_norm(local)
-                    total = part if total is None else total + part.to(total.device)
+        for _, _, grad in self._grads():
+            part = _squared_norm(local_shard(grad))
+            total = part if total is None else total + part.to(total.device)
         return total if total is not None else torch.zeros((), dtype=torch.float64)
 
     def sharded(self) -> bool:
         """Whether a gradient is a sharded DTensor (the ranks' norms add up to the whole)."""
-        for optimizer in self.optimizers():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    placements = getattr(param.grad, "placements", ())
-                    if any(p.is_shard() for p in placements):
-                        return True
-        return False
+        return any(
+            p.is_shard() for _, _, grad in self._grads() for p in getattr(grad, "placements", ())
+        )
 
     def before_backward(self) -> None:
         self.note("grad_before", self.gradient())
@@ -118,15 +119,8 @@ class Sketch:
         device: by its name in the model that holds it, else by its place in the optimizer."""
         names = {id(p): n for m in self.models() for n, p in m.named_parameters()}
         found: dict[str, Any] = {}
-        for i, optimizer in enumerate(self.optimizers()):
-            for j, group in enumerate(optimizer.param_groups):
-                for k, param in enumerate(group["params"]):
-                    if param.grad is None:
-                        continue
-                    name = names.get(id(param), f"optimizer{i}.group{j}.{k}")
-                    grad = param.grad
-                    local = grad.to_local() if hasattr(grad, "to_local") else grad
-                    found.setdefault(name, _squared_norm(local))
+        for place, param, grad in self._grads():
+            found.setdefault(names.get(id(param), place), _squared_norm(local_shard(grad)))
         return found
 
     def forward(self, given: list[tuple[str, Any]]) -> None:
