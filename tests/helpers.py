@@ -409,3 +409,17 @@ def hangs_after_destroy(ctx):
 
     all_reduce(ctx)
     time.sleep(300)
+
+
+CRASH_ROOT = "/runs/u/checkpoints"
+"""Where the hand-made file events of the crash tests happen."""
+
+
+def file_event(op, path, after=4, to=None, thread=None):
+    """One file event of a rank's log, as rank/files.py writes it (the crash tests' input)."""
+    found = {"op": op, "path": path, "after_step": after}
+    if to:
+        found["to"] = to
+    if thread:
+        found["thread"] = thread
+    return found

@@ -6,6 +6,8 @@ import json
 import threading
 
 import pytest
+from helpers import CRASH_ROOT as ROOT
+from helpers import file_event as event
 
 from pytest_resume_equiv.checks import after_crash
 from pytest_resume_equiv.checks.after_crash import Row, judge_after_crash
@@ -24,18 +26,6 @@ from pytest_resume_equiv.rank.crasher import Crasher, in_window
 from pytest_resume_equiv.rank.encode import encode
 from pytest_resume_equiv.rank.run_dir import RankStatus, write_status
 from pytest_resume_equiv.signature import Signature
-
-ROOT = "/runs/u/checkpoints"
-
-
-def event(op, path, after=4, to=None, thread=None):
-    found = {"op": op, "path": path, "after_step": after}
-    if to:
-        found["to"] = to
-    if thread:
-        found["thread"] = thread
-    return found
-
 
 ATOMIC = [
     event("torch.save", f"{ROOT}/step_2/model.pt", after=2),  # the save before: not this one

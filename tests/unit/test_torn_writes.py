@@ -9,6 +9,8 @@ import threading
 
 import pytest
 import torch
+from helpers import CRASH_ROOT as ROOT
+from helpers import file_event as event
 
 from pytest_resume_equiv.checks.after_crash import Row, after_crash, judge_after_crash
 from pytest_resume_equiv.checks.crash_points import find_points, overwritten
@@ -21,17 +23,6 @@ from pytest_resume_equiv.rank.crasher import Crasher
 from pytest_resume_equiv.rank.run_dir import RankStatus, read_status, write_status
 from pytest_resume_equiv.rank.wrapping import failure_of
 from pytest_resume_equiv.signature import Signature
-
-ROOT = "/runs/u/checkpoints"
-
-
-def event(op, path, after=4, to=None, thread=None):
-    found = {"op": op, "path": path, "after_step": after}
-    if to:
-        found["to"] = to
-    if thread:
-        found["thread"] = thread
-    return found
 
 
 def saving_run(files):
