@@ -113,6 +113,29 @@ def train_step(model, opt, step, rank):
     req.record(step, loss=loss.item(), sample_ids=[10 * step + rank])
 
 
+def load_folder(folder, model, opt):
+    """Load the model and the optimizer from a folder's model.pt and optim.pt."""
+    model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), weights_only=True))
+    opt.load_state_dict(torch.load(os.path.join(folder, "optim.pt"), weights_only=True))
+
+
+def saved_step(folder):
+    """The step a folder's meta.json says it holds."""
+    with open(os.path.join(folder, "meta.json")) as f:
+        return json.load(f)["step"]
+
+
+def train_from(ctx, rank, model, opt, start, save_at):
+    """The steps after `start`; at each split rank 0 saves (`save_at(step)`) and every rank
+    waits for it."""
+    for step in range(start + 1, ctx.steps + 1):
+        train_step(model, opt, step, rank)
+        if step in ctx.splits:
+            if rank == 0:
+                save_at(step)
+            dist.barrier()
+
+
 def train(ctx, save=save_atomic, **finding):
     rank, model, opt = setup(ctx)
     root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
@@ -120,16 +143,9 @@ def train(ctx, save=save_atomic, **finding):
     dist.barrier()  # a rank that waits for a torn save holds every rank here
     start = 0
     if found:
-        model.load_state_dict(torch.load(os.path.join(found, "model.pt"), weights_only=True))
-        opt.load_state_dict(torch.load(os.path.join(found, "optim.pt"), weights_only=True))
-        with open(os.path.join(found, "meta.json")) as f:
-            start = json.load(f)["step"]
-    for step in range(start + 1, ctx.steps + 1):
-        train_step(model, opt, step, rank)
-        if step in ctx.splits:
-            if rank == 0:
-                save(root, step, model, opt)
-            dist.barrier()
+        load_folder(found, model, opt)
+        start = saved_step(found)
+    train_from(ctx, rank, model, opt, start, lambda step: save(root, step, model, opt))
     getattr(save, "wait", lambda: None)()
     dist.destroy_process_group()
 
@@ -206,10 +222,7 @@ def train_staging_race(ctx):
     rank, model, opt = setup(ctx)
     start = 0
     if ctx.resuming:
-        model.load_state_dict(
-            torch.load(os.path.join(ctx.checkpoint, "model.pt"), weights_only=True)
-        )
-        opt.load_state_dict(torch.load(os.path.join(ctx.checkpoint, "optim.pt"), weights_only=True))
+        load_folder(ctx.checkpoint, model, opt)
         start = ctx.split
     staged = None
     for step in range(start + 1, ctx.steps + 1):
@@ -269,12 +282,7 @@ def train_one_file(ctx, save):
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = state["step"]
-    for step in range(start + 1, ctx.steps + 1):
-        train_step(model, opt, step, rank)
-        if step in ctx.splits:
-            if rank == 0:
-                save(root, step, model, opt)
-            dist.barrier()
+    train_from(ctx, rank, model, opt, start, lambda step: save(root, step, model, opt))
     dist.destroy_process_group()
 
 
@@ -325,17 +333,14 @@ def train_from_pointer(ctx, save, one_root):
     found = from_pointer(given)
     start = 0
     if found:
-        model.load_state_dict(torch.load(os.path.join(found, "model.pt"), weights_only=True))
-        opt.load_state_dict(torch.load(os.path.join(found, "optim.pt"), weights_only=True))
-        with open(os.path.join(found, "meta.json")) as f:
-            start = json.load(f)["step"]
-    for step in range(start + 1, ctx.steps + 1):
-        train_step(model, opt, step, rank)
-        if step in ctx.splits:
-            if rank == 0:
-                os.makedirs(root, exist_ok=True)
-                save(root, step, model, opt)
-            dist.barrier()
+        load_folder(found, model, opt)
+        start = saved_step(found)
+
+    def save_at(step):
+        os.makedirs(root, exist_ok=True)
+        save(root, step, model, opt)
+
+    train_from(ctx, rank, model, opt, start, save_at)
     dist.destroy_process_group()
 
 
@@ -427,15 +432,8 @@ def train_from_marker(ctx, save):
     if os.path.exists(marker):
         with open(marker) as f:
             start = int(f.read())
-        folder = os.path.join(root, f"step_{start}")
-        model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), weights_only=True))
-        opt.load_state_dict(torch.load(os.path.join(folder, "optim.pt"), weights_only=True))
-    for step in range(start + 1, ctx.steps + 1):
-        train_step(model, opt, step, rank)
-        if step in ctx.splits:
-            if rank == 0:
-                save(root, step, model, opt)
-            dist.barrier()
+        load_folder(os.path.join(root, f"step_{start}"), model, opt)
+    train_from(ctx, rank, model, opt, start, lambda step: save(root, step, model, opt))
     dist.destroy_process_group()
 
 
