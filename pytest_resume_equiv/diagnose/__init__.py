@@ -47,15 +47,18 @@ def diagnose_configurations(found: ConfigurationFacts) -> Optional[Diagnosis]:
     """The likely cause of a difference between two configurations (None when equal)."""
     if found.equal or found.short:
         return None
-    rules = stage(Stage.CONFIGURATION)
-    chosen = first(rules, found)
-    assert chosen is not None, "the configuration stage ends with a rule that always answers"
-    for rule in rules:  # the other causes the evidence shows, said beside the first
-        if rule.id != chosen.rule and not rule.always:
-            also = rule.find(found)
-            if also is not None:
-                said = rule.diagnosis(also)
-                chosen.notes.append(f"also ({said.bug_class}): {said.text()}")
+    chosen: Optional[Diagnosis] = None
+    for rule in stage(Stage.CONFIGURATION):  # each asked once, in the stage's order
+        if chosen is not None and rule.always:
+            continue  # the last word is for a difference nothing else explains
+        finding = rule.find(found)
+        if finding is None:
+            continue
+        said = rule.diagnosis(finding)
+        if chosen is None:
+            chosen = said
+        else:  # the other causes the evidence shows, said beside the first
+            chosen.notes.append(f"also ({said.bug_class}): {said.text()}")
     return chosen
 
 
