@@ -201,7 +201,7 @@ class ResumeEquiv:
     def _run(self, plan: Plan) -> tuple[Optional[Outcome], str]:
         """Run and judge the plan: (the outcome, "") when it passed, else (None, the failure
         text). Either way the run's record is kept for the summary and the JSON report."""
-        outcome = Outcome(plan)
+        outcome = Outcome(plan, test_id=self.owner)
         parallel, prefetch = parallelism(
             self.device,
             self.nproc,

@@ -183,6 +183,11 @@ class Judge:
             if check.verdict is not verdict:
                 check.on_verdict(verdict, self)
 
+    def say(self, text: str) -> None:
+        """A progress line (with -v), as the launches' own."""
+        if self.scheduler.on_progress is not None:
+            self.scheduler.on_progress(text)
+
     def warn(self, text: str) -> None:
         if text and text not in self.outcome.warnings:
             self.outcome.warnings.append(text)

@@ -13,9 +13,13 @@ from .compare.tolerance import Tolerance, parse_tolerance
 from .errors import SettingError
 
 INTERRUPTS = ("continue", "stop", "kill", "crash")
-CRASH_POINTS = ("first", "middle", "last", "returned", "pointer", "torn")
+CRASH_POINTS = ("first", "middle", "last", "returned", "pointer", "torn", "step")
 CRASH_REFUSAL = ("pass", "fail")
-CRASH_MODES = ("kill", "power")
+CRASH_MODES = ("kill", "power", "preempt")
+CRASH_GRACE = 2.0
+"""Seconds between the SIGTERM and the SIGKILL of crash_mode="preempt" by default: small,
+for tests; clusters give 30 s (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds)."""
+CRASH_SAVES = ("last", "all")
 NOISE = ("auto", "measure", "off")
 
 
@@ -77,13 +81,20 @@ class MarkerSpec:
     the current code from it (the compatibility check)."""
     crash_points: Any = None
     """interrupt="crash": None (first, middle, last, returned, pointer, torn), "all" (every
-    event of the save, returned, and inside every file's write), or a tuple of those names and
-    event indexes."""
+    event of the save, returned, and inside every file's write), an int N (N of "all"'s
+    points, sampled by `--resume-equiv-crash-seed`), or a tuple of those names and event
+    indexes."""
     crash_refusal: str = "pass"
     """interrupt="crash": whether a clean refusal of a torn checkpoint passes or fails."""
+    crash_saves: str = "last"
+    """interrupt="crash": which saves are crashed: "last" (the last split's) or "all" (every
+    split's, each with its own table)."""
     crash_mode: tuple[str, ...] = ("kill",)
     """interrupt="crash": how each point ends the run: "kill" (every rank of the host
-    SIGKILLed), "power" (killed, then every write not yet fsynced rolled back), or both."""
+    SIGKILLed), "power" (killed, then every write not yet fsynced rolled back), "preempt"
+    (SIGTERM, then SIGKILL for what still runs after `crash_grace`), or several."""
+    crash_grace: float = CRASH_GRACE
+    """crash_mode="preempt": seconds the ranks get between the SIGTERM and the SIGKILL."""
     auto: Optional[bool] = None
     """Automatic recording (False: only the trainer's explicit calls are recorded); None:
     not given on the marker (the session option decides)."""
@@ -224,6 +235,10 @@ def _golden_checkpoint(value: Any) -> bool:
 def _crash_points(value: Any) -> Any:
     if value is None or value == "all":
         return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise _error("crash_points", value, "a number of sampled points must be >= 1")
+        return value  # N points sampled from "all"; a list of ints names event indexes
     items = [value] if isinstance(value, (str, int)) else value
     ok = isinstance(items, (list, tuple)) and items
     for item in items if ok else ():
@@ -235,8 +250,8 @@ def _crash_points(value: Any) -> Any:
         raise _error(
             "crash_points",
             value,
-            f'expected "all", or a list of {", ".join(map(repr, CRASH_POINTS))} and event '
-            "indexes (ints >= 0)",
+            f'expected "all", a number of points to sample (an int >= 1), or a list of '
+            f"{', '.join(map(repr, CRASH_POINTS))} and event indexes (ints >= 0)",
         )
     return tuple(items)
 
@@ -247,6 +262,12 @@ def _crash_refusal(value: Any) -> str:
     return value
 
 
+def _crash_saves(value: Any) -> str:
+    if value not in CRASH_SAVES:
+        raise _error("crash_saves", value, f"supported: {', '.join(map(repr, CRASH_SAVES))}")
+    return value
+
+
 def _crash_mode(value: Any) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     ok = isinstance(items, (list, tuple)) and items and all(i in CRASH_MODES for i in items)
@@ -254,9 +275,21 @@ def _crash_mode(value: Any) -> tuple[str, ...]:
         raise _error(
             "crash_mode",
             value,
-            f"expected one of {', '.join(map(repr, CRASH_MODES))}, or a list of both",
+            f"expected one of {', '.join(map(repr, CRASH_MODES))}, or a list of them",
         )
     return tuple(m for m in CRASH_MODES if m in items)
+
+
+def _crash_grace(value: Any) -> float:
+    try:
+        return parse_timeout(value)
+    except ValueError:
+        raise _error(
+            "crash_grace",
+            value,
+            "expected a positive number of seconds between the SIGTERM and the SIGKILL "
+            "(clusters give 30: Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds)",
+        ) from None
 
 
 def _optional_int(keyword: str) -> Callable[[Any], Optional[int]]:
@@ -280,11 +313,15 @@ KEYWORDS: dict[str, Callable[[Any], Any]] = {
     "golden_checkpoint": _golden_checkpoint,
     "crash_points": _crash_points,
     "crash_refusal": _crash_refusal,
+    "crash_saves": _crash_saves,
     "crash_mode": _crash_mode,
+    "crash_grace": _crash_grace,
     "auto": _auto,
 }
 """Every keyword beside steps and split, with its validator."""
 MARKER_KEYWORDS = ("steps", "split", *KEYWORDS)
+CRASH_KEYWORDS = tuple(k for k in KEYWORDS if k.startswith("crash_"))
+"""The keywords that apply to interrupt="crash" only."""
 
 
 def _splits(raw: Any, steps: int) -> tuple[int, ...]:
@@ -345,11 +382,17 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkerSpec
             "@resume_equivalent: chain=True goes with the uninterrupted topology and "
             'interrupt="continue" (drop resume_nproc/resume_nnodes/interrupt, or chain)'
         )
-    crash_only = [k for k in ("crash_points", "crash_refusal", "crash_mode") if k in merged]
+    crash_only = [k for k in CRASH_KEYWORDS if k in merged]
     if crash_only and spec.interrupt != "crash":
         raise SettingError(
             f'@resume_equivalent: {crash_only[0]}= applies to interrupt="crash" only '
             f"(interrupt={spec.interrupt!r})"
+        )
+    if "crash_grace" in merged and "preempt" not in spec.crash_mode:
+        raise _error(
+            "crash_grace",
+            merged["crash_grace"],
+            f'applies to crash_mode="preempt" only (crash_mode={list(spec.crash_mode)!r})',
         )
     if spec.interrupt == "crash" and spec.topology_changes:
         raise SettingError(

@@ -10,7 +10,6 @@ them and returns the settings that test runs with.
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -20,6 +19,15 @@ from .configurations import parse_equivalent
 from .errors import SettingError
 from .launch.spec import LAUNCHERS, Launcher, launcher_named
 from .marker import NOISE, MarkerSpec, parse_marker, parse_timeout
+from .option_values import (
+    choice,
+    non_empty,
+    parse_bool,
+    parse_crash_point,
+    parse_preload,
+    parse_slurm_args,
+    whole_number,
+)
 
 DEVICES = ("auto", "cpu", "cuda", "npu", "xpu")
 KEEP = ("failed", "all", "none")
@@ -52,76 +60,6 @@ class Option:
         return f"PYTEST_RESUME_EQUIV_{self.name.upper()}"
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def parse(raw: Any) -> str:
-        value = str(raw).strip().lower()
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def parse_bool(raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    value = str(raw).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true/false (1/0, yes/no, on/off)")
-
-
-def parse_slurm_args(raw: Any) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(str(raw)))
-    except ValueError as exc:
-        raise ValueError(f"not a shell-quoted list of srun options ({exc})") from None
-
-
-def parse_preload(raw: Any) -> tuple[str, ...]:
-    """Comma-separated module names (`transformers,diffusers`)."""
-    names = tuple(n.strip() for n in str(raw).split(",") if n.strip())
-    for name in names:
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise ValueError(
-                f"{name!r} is not a module name (expected e.g. transformers,diffusers)"
-            )
-    return names
-
-
-def parse_noise_runs(raw: Any) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ValueError("expected a whole number of uninterrupted runs >= 2") from None
-    if value < 2:
-        raise ValueError("expected a whole number of uninterrupted runs >= 2")
-    return value
-
-
-def parse_golden(raw: Any) -> Optional[str]:
-    value = str(raw).strip()
-    if not value:
-        raise ValueError("expected the directory of the golden store")
-    return value
-
-
-def parse_keep_dir(raw: Any) -> Optional[str]:
-    value = os.path.expanduser(str(raw).strip())
-    if not value:
-        raise ValueError("expected the directory that holds the run directories")
-    return value
-
-
-def parse_report(raw: Any) -> Optional[str]:
-    value = str(raw).strip()
-    if not value:
-        raise ValueError("expected a file path for the JSON report")
-    return value
-
-
 OPTIONS: dict[str, Option] = {
     opt.name: opt
     for opt in (
@@ -130,7 +68,7 @@ OPTIONS: dict[str, Option] = {
             "where ranks run: auto (first accelerator found: cuda, npu, xpu; skip if none), "
             "cpu (gloo), cuda, npu or xpu",
             "auto",
-            _choice(DEVICES),
+            choice(DEVICES),
             choices=DEVICES,
         ),
         Option(
@@ -150,7 +88,7 @@ OPTIONS: dict[str, Option] = {
             "keep",
             "which run directories to keep: failed (default), all, none",
             "failed",
-            _choice(KEEP),
+            choice(KEEP),
             choices=KEEP,
         ),
         Option(
@@ -159,10 +97,13 @@ OPTIONS: dict[str, Option] = {
             "pytest sessions; the newest 5 sessions that kept any stay (default: "
             "<rootdir>/.resume-equiv/runs; a relative ini value is relative to the ini file)",
             None,
-            parse_keep_dir,
+            non_empty("the directory that holds the run directories", user=True),
         ),
         Option(
-            "report", "write a JSON report of every resume test to this path", None, parse_report
+            "report",
+            "write a JSON report of every resume test to this path",
+            None,
+            non_empty("a file path for the JSON report"),
         ),
         Option(
             "strict_shutdown",
@@ -186,7 +127,7 @@ OPTIONS: dict[str, Option] = {
             "per node) or slurm (each launch an srun job step: in the allocation pytest runs "
             "in, or an allocation of its own)",
             "local",
-            _choice(LAUNCHERS),
+            choice(LAUNCHERS),
             choices=LAUNCHERS,
         ),
         Option(
@@ -202,7 +143,7 @@ OPTIONS: dict[str, Option] = {
             "imported torch (a launch starts in milliseconds); off: start every rank as torchrun "
             "would (a launch whose env= changes what torch reads at import always does)",
             "on",
-            _choice(ON_OFF),
+            choice(ON_OFF),
             choices=ON_OFF,
         ),
         Option(
@@ -226,7 +167,7 @@ OPTIONS: dict[str, Option] = {
             "determinism control finds it), measure (always), off (fail as not deterministic); "
             "the marker's noise= wins",
             "auto",
-            _choice(NOISE),
+            choice(NOISE),
             choices=NOISE,
         ),
         Option(
@@ -234,7 +175,7 @@ OPTIONS: dict[str, Option] = {
             "uninterrupted runs that measure the noise (the uninterrupted run and its "
             "controls), at least 2",
             2,
-            parse_noise_runs,
+            whole_number(2, "uninterrupted runs"),
         ),
         Option(
             "strict_abstain",
@@ -250,7 +191,7 @@ OPTIONS: dict[str, Option] = {
             "in DIR and compare every later run with them (a relative ini value is relative to "
             "the ini file)",
             None,
-            parse_golden,
+            non_empty("the directory of the golden store"),
         ),
         Option(
             "update_golden",
@@ -275,6 +216,20 @@ OPTIONS: dict[str, Option] = {
             True,
             parse_bool,
             choices=ON_OFF,
+        ),
+        Option(
+            "crash_seed",
+            'the seed interrupt="crash" tests sample crash_points=N points with: the same seed, '
+            "the same points (the report names it)",
+            0,
+            whole_number(0),
+        ),
+        Option(
+            "crash_point",
+            'run only this crash point of an interrupt="crash" test, and its resume (the id '
+            "the report's rerun line gives, e.g. s4.torn1)",
+            None,
+            parse_crash_point,
         ),
         Option(
             "rng_mutation",
@@ -412,6 +367,8 @@ class TestSettings:
     golden_only: bool
     rng_mutation: bool
     auto: bool
+    crash_seed: int
+    crash_point: Optional[str]
     sources: dict[str, str]
 
     def describe(self, name: str) -> str:

@@ -55,3 +55,5 @@ def test_deleting_the_previous_checkpoint_first_is_caught(resume_equiv):
     report = caught(resume_equiv, "delete-previous")
     assert "first failing point (first): rank 0: after shutil.rmtree(checkpoints/step_2)" in report
     assert "started over from step 0: lost the completed checkpoint of step 2" in report
+    # the line that reruns that point alone, and its resume
+    assert "--resume-equiv-crash-point=s4.event0" in report

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ..compare.comparators import Comparator, Run
 from ..compare.gate import GateFacts
 from ..compare.jsonable import NOT_IN_JSON
+from ..compare.loaded_step import loaded_step
 from ..diagnose import Diagnosis
 from ..diagnose.at_crash import WRITE_CALLS, AfterCrash, saving_words, short
 from ..launch.running import LaunchResult
@@ -46,6 +47,10 @@ class Row:
     why: str = ""
     rolled_back: str = ""
     """A power-loss point: the writes not yet durable that were undone, in words."""
+    id: str = ""
+    """The point's id (`CrashPoint.id`), which `--resume-equiv-crash-point` reruns alone."""
+    then: str = ""
+    """A preempt point: what the ranks did after the SIGTERM, in words."""
     verdict: Optional[Verdict] = field(default=None, compare=False, metadata=NOT_IN_JSON)
     """The resume's own judgement, when one was compared."""
     diagnosis: Optional[Diagnosis] = field(default=None, compare=False, metadata=NOT_IN_JSON)
@@ -100,9 +105,14 @@ def judge_after_crash(
     completed: list[int],
     comparator: Comparator,
     refusal: str,
+    saved: tuple[int, ...] = (),
+    finished: Optional[int] = None,
 ) -> Row:
     """`row` with what the resumed launch did (`run`: its signatures, None if unreadable),
-    given the checkpoints that had completed before the crash (`completed`, ascending)."""
+    given the checkpoints that had completed before the crash (`completed`, ascending), the
+    steps a preempted launch's SIGTERM handler may have saved besides the splits (`saved`)
+    and the last step, when the preempted launch had recorded it on every rank before it
+    ended (`finished`: the run was over)."""
     newest = completed[-1] if completed else None
     lost = f"lost the completed checkpoint of step {newest}" if newest else ""
     if result.timed_out:
@@ -121,6 +131,8 @@ def judge_after_crash(
             return _set(row, FAILED, f"refused ({refused}): {lost}")
         return _refused(row, f"refused ({refused})", refusal)
     firsts = {rank: sig.steps[0][0] for rank, sig in (run or {}).items() if sig.steps}
+    if not firsts and finished is not None and finished in completed:
+        return _nothing_left(row, reference, run, finished)
     if not firsts:
         return _set(row, FAILED, "recorded no step after the crash")
     if len(set(firsts.values())) > 1:
@@ -130,7 +142,7 @@ def judge_after_crash(
     row.resumed_from = start
     assert run is not None
     splits = reference[min(reference)].header.get("splits") or []
-    if start and start not in splits:
+    if start and start not in (*splits, *saved):
         return _set(row, FAILED, f"resumed from step {start}, where no checkpoint was saved")
     if newest and start < newest:
         over = "started over from step 0" if start == 0 else f"resumed from step {start}"
@@ -144,6 +156,32 @@ def judge_after_crash(
             )
         return _refused(row, "started over from step 0", refusal)
     return _judged(row, reference, run, start, comparator)
+
+
+def _nothing_left(row: Row, reference: Run, run: Optional[Run], last: int) -> Row:
+    """A preempted launch that had finished (it recorded its `last` step on every rank and
+    a checkpoint of it completed) before its SIGTERM took effect, and a restarted job that
+    ran cleanly and recorded no step: right, unless what it loaded says it is of an earlier
+    step (the step counters its load restored, rank/auto.py), which it then did not train."""
+    row.resumed_from = last
+    found = loaded_step(reference, run, last) if run else None
+    if found is not None:
+        steps = sorted(set(found.found.values()))
+        of = f"of step {', '.join(map(str, steps))}" if steps else "of another step"
+        ranks = ", ".join(f"rank {r}" for r in sorted({*found.counters, *found.files}, key=int))
+        return _set(
+            row,
+            FAILED,
+            f"recorded no step after the crash: the run had finished before the SIGTERM took "
+            f"effect (its save holds step {last}), but the checkpoint the restarted job loaded "
+            f"is {of} ({ranks}), and it trained none of the steps after it",
+        )
+    return _set(
+        row,
+        EXACT,
+        f"exact (the run had finished before the SIGTERM took effect: its save holds step "
+        f"{last}, nothing left to resume)",
+    )
 
 
 def _judged(row: Row, reference: Run, run: Run, start: int, comparator: Comparator) -> Row:

@@ -107,6 +107,10 @@ class Judging(Protocol):
         """The check's verdict: recorded, and shown to every other check."""
         ...
 
+    def say(self, text: str) -> None:
+        """Tell the user now what the test is about to do (a progress line, with -v)."""
+        ...
+
     def warn(self, text: str) -> None: ...
 
     def note_ignored(self, names: list[str]) -> None: ...
@@ -230,6 +234,8 @@ class Outcome:
     automatic: list[str] = field(default_factory=list)
     """What automatic recording recorded with no call in the trainer (`auto:loss`,
     `watch:optimizer`, ...)."""
+    test_id: str = ""
+    """The test's pytest node id, for a line that reruns part of it."""
 
     @property
     def verdicts(self) -> list[Verdict]:

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Any, Optional
 
-from ..compare import facts
-from ..diagnose import Diagnosis, Stage, cause
-from ..diagnose.at_crash import AfterCrash
+from ..compare.comparators import Run
 from ..errors import ResumeEquivError
 from ..launch.running import LaunchResult
+from ..marker import CRASH_MODES
 from ..plan import PlannedLaunch, Planner
+from ..rank.crasher import RETURNED
 from ..rank.run_dir import crash_record_path, signature_path
-from ..signature import SignatureError, read_signature
+from ..signature import SignatureError, count, read_signature
 from .after_crash import (
     EXACT,
     REFUSED,
@@ -36,9 +36,20 @@ from .after_crash import (
     read_crash_record,
 )
 from .base import Check, Judging, Outcome, Verdict
-from .crash_points import CrashPoint, crashed_where, find_points, lay_out, on_disk
+from .crash_points import (
+    NAMES,
+    CrashPoint,
+    crashed_where,
+    find_points,
+    lay_out,
+    on_disk,
+    only_point,
+    point_split,
+)
+from .crash_table import CATCH_ALL, CrashTable, crash_cause, table_of
 from .launches import one_group, uninterrupted_of
 from .power_loss import merged, roll_back, rolled_back_words, unsynced
+from .preemption import Preempted, preempt_point, preempt_steps
 from .resume import ResumeLike, format_diagnosis
 
 GROUPS = (
@@ -47,53 +58,10 @@ GROUPS = (
 )
 
 
-CAUSED_BY_THE_CRASH = (
-    TORN,
-    "crashed on the torn checkpoint",
-    "crashed on the empty",
-    "the restarted job could not save",
-)
-"""The failed rows whose cause is what the crash left (`Stage.CRASH`), not one object's
-restore."""
-CATCH_ALL = "crash.torn-by-the-crash"
-
-
-def crash_cause(facts: AfterCrash, why: str) -> Optional[Diagnosis]:
-    """The cause of a failed point from what the crash left (diagnose/at_crash.py): for a
-    row whose verdict says the crash is to blame (`why`), the catch-all of at_check.py too;
-    for another (lost a checkpoint, diverged), only a rule that reads the disk."""
-    found = cause(Stage.CRASH, facts)
-    if why.startswith(CAUSED_BY_THE_CRASH) or (found is not None and found.rule != CATCH_ALL):
-        return found
-    return None
-
-
-@facts.fact("crash_table")
-@dataclasses.dataclass
-class CrashTable:
-    """One row per crash point: where it was killed, what was on disk, where the resumed run
-    started, and the verdict."""
-
-    split: int
-    rows: list[Row]
-
-    def lines(self, label: str) -> list[str]:
-        width = max((len(r.point) for r in self.rows), default=5)
-        lines = [f"{label}: {len(self.rows)} crash points in the save at step {self.split}"]
-        for row in self.rows:
-            lines.append(f"  {row.point:<{width}}  {row.where}")
-            if row.rolled_back:
-                lines.append(f"  {'':<{width}}  rolled back: {row.rolled_back}")
-            lines.append(f"  {'':<{width}}  on disk: {row.disk or '?'}")
-            lines.append(f"  {'':<{width}}  -> {row.status.upper()}: {row.why}")
-        return lines
-
-    def summary(self, label: str) -> list[str]:
-        return self.lines(label)
-
-
-def _table(verdict: Verdict) -> Optional[CrashTable]:
-    return next((f for f in verdict.facts if isinstance(f, CrashTable)), None)
+def _untouched(point: CrashPoint) -> bool:
+    """The point's save had completed and nothing wrote after it: a kill once it returned (a
+    SIGTERM's handler may write in place after it, a power loss may undo it)."""
+    return point.completes and point.kind == RETURNED and not point.power and not point.preempt
 
 
 @dataclasses.dataclass
@@ -106,22 +74,30 @@ class Pair:
     """The crash launch's record of where it was killed."""
     rolled_back: Optional[list[dict]] = None
     """A power-loss point: the writes its rollback undid (`power_loss.roll_back`)."""
+    preempted: Optional[Preempted] = None
+    """A preempt point: what the SIGTERM and its grace did (`preemption.py`)."""
 
 
 class Crash(Check):
     kind = "crash"
 
-    def __init__(self, planner: Planner, full: PlannedLaunch) -> None:
+    def __init__(self, planner: Planner, full: PlannedLaunch, split: int, prefix: str) -> None:
         super().__init__([full])
         self.planner = planner
         self.full = full
-        self.split = planner.marker.splits[-1]
+        self.split = split
+        self.prefix = prefix
+        """How this save's launches are named: `crash` (`crash-1`, `resumed-crash-1`), or
+        `crash-split2` when every save is crashed."""
         self.label = f"crash at split {self.split}"
         self.pairs: list[Pair] = []
+        self.sampled = ""
+        """`crash_points=N`: how many of how many, with which seed (the table says)."""
 
     @classmethod
     def plan(cls, planner: Planner) -> list[Check]:
-        if planner.marker.interrupt != "crash":
+        marker = planner.marker
+        if marker.interrupt != "crash":
             return []
         one_group(planner, GROUPS)
         if "{run_dir}" not in planner.checkpoint:
@@ -131,7 +107,14 @@ class Crash(Check):
                 "checkpoint='{run_dir}/checkpoints' for a trainer that finds its latest "
                 "checkpoint there"
             )
-        return [cls(planner, uninterrupted_of(planner, planner.marker.splits[-1]))]
+        full = uninterrupted_of(planner, marker.splits[-1])
+        saves = marker.splits if marker.crash_saves == "all" else marker.splits[-1:]
+        only = planner.settings.crash_point
+        if only is not None:
+            saves = (point_split(only, marker.splits),)
+        if len(saves) == 1:
+            return [cls(planner, full, saves[0], "crash")]
+        return [cls(planner, full, split, f"crash-split{split}") for split in saves]
 
     def on_done(self, launch: PlannedLaunch, judge: Judging) -> None:
         if launch is self.full:
@@ -147,19 +130,17 @@ class Crash(Check):
 
     def start_points(self, judge: Judging) -> None:
         """The uninterrupted run's save, split into points: a crash and a resume for each."""
-        marker, planner = self.planner.marker, self.planner
-        run_dir = self.full.spec.run_dir
-        full = judge.signatures(self.full)
-        modes = marker.crash_mode
-        points = find_points(full, self.split, marker.splits, marker.crash_points, run_dir, modes)
+        planner = self.planner
+        points = self.points(judge.signatures(self.full))
+        judge.say(f"{self.label}: {count(len(points), 'crash point')}, {2 * len(points)} launches")
         for number, point in enumerate(points, start=1):
-            name = f"crash-{number}"
+            name = f"{self.prefix}-{number}"
             crash = planner.saving(
                 name,
                 "crash",
-                marker.splits,
+                planner.marker.splits,
                 os.path.join(planner.root, name),
-                marker.steps,
+                planner.marker.steps,
                 phase="interrupted",
             )
             context = dataclasses.replace(crash.spec.context, crash=point.to_context())
@@ -170,11 +151,36 @@ class Crash(Check):
             context = dataclasses.replace(resumed.spec.context, picks_checkpoint=True)
             resumed.spec = dataclasses.replace(resumed.spec, context=context)
             crash.may_fail = resumed.may_fail = True
-            row = Row(point.name, point.where(run_dir), status="pending")
+            row = Row(point.name, point.where(self.full.spec.run_dir), status="pending")
+            row.id = point.id
             self.pairs.append(Pair(point, crash, resumed, row))
             self.launches += [crash, resumed]
             judge.start(crash)
             judge.start(resumed)
+
+    def points(self, full: Run) -> list[CrashPoint]:
+        """The save's crash points the marker asks for, or the one point
+        `--resume-equiv-crash-point` names (looked for among all of them, in every mode)."""
+        marker, settings = self.planner.marker, self.planner.settings
+        run_dir = self.full.spec.run_dir
+
+        seed, grace = settings.crash_seed, marker.crash_grace
+
+        def found(choice: Any, modes: tuple[str, ...]) -> list[CrashPoint]:
+            split, splits = self.split, marker.splits
+            return find_points(full, split, splits, choice, run_dir, modes, seed, grace)
+
+        if settings.crash_point is not None:
+            every = found(["all", *NAMES], CRASH_MODES)
+            return only_point(every, settings.crash_point, self.split)
+        points = found(marker.crash_points, marker.crash_mode)
+        if isinstance(marker.crash_points, int):
+            every = found(["all", *NAMES], marker.crash_mode)
+            of, drawn = (len({(p.kind, p.index, p.thread) for p in ps}) for ps in (every, points))
+            modes = len(marker.crash_mode)
+            each = f", each in {modes} modes" if modes > 1 else ""
+            self.sampled = f"{drawn} of {of} sampled, seed {seed}{each}"
+        return points
 
     def crashed(self, pair: Pair, judge: Judging) -> None:
         """The crash launch ended: where it was killed, what it left on disk."""
@@ -183,6 +189,12 @@ class Crash(Check):
         result = judge.result(pair.crash)
         if record is not None:
             pair.row.where = result.crashed = crashed_where(record, run_dir)
+            if pair.point.preempt is not None:
+                full, splits = judge.signatures(self.full), self.planner.marker.splits
+                found = preempt_point(
+                    pair.point, record, result, full, self.full.spec.run_dir, splits
+                )
+                pair.preempted, pair.row.then = found, found.words()
             if pair.point.power:
                 self.power_lost(pair, result)
             pair.row.disk = on_disk(run_dir)
@@ -224,12 +236,28 @@ class Crash(Check):
         completed = [s for s in splits if s < self.split] + (
             [self.split] if pair.point.completes else []
         )
+        completed, saved = preempt_steps(pair.preempted, completed, self.split)
         refusal = self.planner.marker.crash_refusal
+        full = judge.signatures(self.full)
+        steps = self.planner.marker.steps
+        over = pair.preempted is not None and pair.preempted.recorded_through == steps
         row = judge_after_crash(
-            pair.row, result, judge.signatures(self.full), run, completed, judge.comparator, refusal
+            pair.row,
+            result,
+            full,
+            run,
+            completed,
+            judge.comparator,
+            refusal,
+            saved,
+            finished=steps if over else None,
         )
         for run_dir in (pair.crash.spec.run_dir, pair.resumed.spec.run_dir):
             row.why = row.why.replace(run_dir + os.sep, "")  # its paths, short
+        if _untouched(pair.point) and row.resumed_from == self.split:  # nothing was torn
+            torn = f"{TORN} of step {self.split}: "
+            complete = f"resumed from the complete checkpoint of step {self.split}, yet "
+            row.why = row.why.replace(torn, complete)
         if row.status == REFUSED and not result.ok:
             result.judged = "a clean refusal: passes"
         if row.failed:
@@ -238,13 +266,43 @@ class Crash(Check):
             facts = dataclasses.replace(
                 facts, rolled_back=tuple(pair.rolled_back or ()), completed=tuple(completed)
             )
+            if pair.preempted is not None:  # the SIGTERM's event is no kill's
+                facts = dataclasses.replace(facts, preempted=pair.preempted.facts(), killed_at=None)
             row.diagnosis = crash_cause(facts, row.why)
+
+    def not_the_crash(self) -> Optional[Pair]:
+        """A point where the save had completed (it returned, nothing of it in the
+        background) whose resume, from that complete checkpoint, failed all the same: what
+        fails there is the trainer's own resume, not what a crash left, and no point's
+        failure can be put down to a torn checkpoint by default."""
+        return next(
+            (
+                p
+                for p in self.pairs
+                if _untouched(p.point) and p.row.failed and p.row.resumed_from == self.split
+            ),
+            None,
+        )
 
     def conclude(self, judge: Judging) -> None:
         rows = [p.row for p in self.pairs]
         failing = next((p for p in self.pairs if p.row.failed), None)
         reached = [r for r in rows if r.status != "not reached"]
         status = "failed" if failing is not None or not reached else "passed"
+        why = "" if reached else "no crash point was reached"
+        own = self.not_the_crash()
+        if own is not None:
+            failing = own
+            for pair in self.pairs:
+                found = pair.row.diagnosis
+                if found is not None and found.rule == CATCH_ALL:
+                    pair.row.diagnosis = None  # no torn checkpoint explains the one complete
+            why = (
+                f"the resume from the complete checkpoint of step {self.split} (point "
+                f"'{own.row.point}': its save had returned) fails too: what differs is the "
+                "trainer's own resume, not what the crash left; the cause below is that "
+                'resume\'s (a test with interrupt="continue" shows it alone)'
+            )
         judged = (failing or self.pairs[0]).row.verdict if self.pairs else None
         diagnosis = judged.diagnosis if judged is not None and failing else None
         if failing is not None and failing.row.diagnosis is not None:
@@ -254,10 +312,10 @@ class Crash(Check):
             status,
             self.label,
             self.split,
-            why="" if reached else "no crash point was reached",
+            why=why,
             comparison=judged.comparison if judged is not None and failing else None,
             diagnosis=diagnosis,
-            facts=[CrashTable(self.split, rows), *(judged.facts if judged and failing else [])],
+            facts=[self.table(rows), *(judged.facts if judged and failing else [])],
             primary=True,
             launch=(failing or self.pairs[0]).resumed.name if self.pairs else "",
         )
@@ -269,6 +327,10 @@ class Crash(Check):
             verdict.signatures = judged.signatures if judged is not None else None
         self.reach(judge, verdict)
 
+    def table(self, rows: list[Row]) -> CrashTable:
+        device = self.planner.device.kind  # the device it ran on, whatever the option said
+        return CrashTable(self.split, rows, self.sampled, f"--resume-equiv-device={device}")
+
     def final(self) -> Optional[Verdict]:
         if self.verdict is None:
             return Verdict(self.kind, "not run", self.label, self.split, primary=True)
@@ -276,7 +338,7 @@ class Crash(Check):
 
     @classmethod
     def headline(cls, verdict: Verdict) -> list[str]:
-        table = _table(verdict)
+        table = table_of(verdict)
         if table is None:
             return super().headline(verdict)
         counts: dict[str, int] = {}
@@ -289,22 +351,29 @@ class Crash(Check):
     def proved(cls, verdict: Verdict) -> str:
         if verdict.status != "passed":
             return ""
-        table = _table(verdict)
+        table = table_of(verdict)
         rows = table.rows if table else []
         exact = sum(r.status == EXACT for r in rows)
         refused = sum(r.status == REFUSED for r in rows)
-        return f"{verdict.label}: {exact} exact, {refused} refused of {len(rows)} crash points"
+        sampled = f" ({table.sampled})" if table is not None and table.sampled else ""
+        points = f"{count(len(rows), 'crash point')}{sampled}"
+        return f"{verdict.label}: {exact} exact, {refused} refused of {points}"
 
     @classmethod
     def block(cls, verdict: Verdict, outcome: Outcome, kept: str) -> list[str]:
         """The table, then the first failing point: why, and its resume's own judgement."""
-        table = _table(verdict)
+        table = table_of(verdict)
         lines = table.lines(verdict.label) if table else [f"{verdict.label} failed"]
-        if verdict.why:
-            lines.append(f"  {verdict.why}")
         failing = next((r for r in table.rows if r.failed), None) if table else None
         if failing is not None:
             lines.append(f"first failing point ({failing.point}): {failing.where}: {failing.why}")
+            if failing.id and outcome.test_id:
+                lines.append(
+                    f"  rerun this point alone: pytest '{outcome.test_id}' -p resume_equiv "
+                    f"{table.rerun_args} --resume-equiv-crash-point={failing.id}"
+                )
+        if verdict.why:
+            lines.append(f"  {verdict.why}")
         if verdict.comparison is not None:
             rest = [f for f in verdict.facts if not isinstance(f, CrashTable)]
             lines += ResumeLike.block(dataclasses.replace(verdict, facts=rest), outcome, kept)
@@ -317,7 +386,7 @@ class Crash(Check):
 
     @classmethod
     def words(cls, verdict: Verdict) -> str:
-        table = _table(verdict)
+        table = table_of(verdict)
         failing = next((r for r in table.rows if r.failed), None) if table else None
         if failing is None:
             return f"{verdict.label}: {verdict.why}"

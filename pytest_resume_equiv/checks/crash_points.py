@@ -13,6 +13,7 @@ window's events of its kind of thread, which the crash launch's ranks count the 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..errors import ResumeEquivError
 from ..rank.crasher import (
     AFTER_EVENT,
     RETURNED,
+    STEP,
     TORN,
     TORN_OPS,
     WRITTEN,
@@ -35,12 +37,15 @@ from ..rank.crasher import (
 )
 from ..rank.run_dir import PLUGIN_FILES, RANK_DIRS, user_files
 
-NAMES = ("first", "middle", "last", "returned", "pointer", "torn")
+NAMES = ("first", "middle", "last", "returned", "pointer", "torn", "step")
 """The points `crash_points=` may name; None means all of them, "all" every event too, and
-inside every file's write."""
+inside every file's write. "step" is crash_mode="preempt"'s only; "returned" and "torn" are
+not its (a SIGTERM holds no write and cuts no file)."""
+NOT_IN_MODE = {"kill": (STEP,), "power": (STEP,), "preempt": (RETURNED, TORN)}
+"""The kinds of point a crash mode has no use for."""
 WRITES = ("open", "torch.save", "os.replace", "os.rename", "os.link", "os.symlink")
 
-Choice = Union[None, str, Sequence[Union[str, int]]]
+Choice = Union[None, str, int, Sequence[Union[str, int]]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,18 @@ class CrashPoint:
     power: bool = False
     """crash_mode="power": at the kill, every write not yet durable is rolled back
     (`power_loss.py`)."""
+    preempt: Optional[float] = None
+    """crash_mode="preempt": SIGTERM, then SIGKILL after this many seconds of grace
+    (`preemption.py`)."""
+
+    @property
+    def id(self) -> str:
+        """What `--resume-equiv-crash-point` takes to run this point alone: `s4.torn1`,
+        `s4.event3.background.power`, `s4.step0.preempt` (the split, the kind and index, the
+        thread when not the main one, the mode when not a kill)."""
+        thread = "" if self.thread == "main" else f".{self.thread}"
+        mode = ".power" if self.power else ".preempt" if self.preempt is not None else ""
+        return f"s{self.split}.{self.kind}{self.index}{thread}{mode}"
 
     def to_context(self) -> dict[str, Any]:
         context = {
@@ -80,10 +97,19 @@ class CrashPoint:
             "split": self.split,
             "foreign": list(self.foreign),
         }
+        if self.preempt is not None:
+            context["preempt"] = self.preempt
         return {**context, "power": True} if self.power else context
 
     def where(self, run_dir: str) -> str:
         """`rank 0: after os.replace(checkpoints/tmp-step_4 -> checkpoints/step_4)`."""
+        if self.preempt is not None:
+            return self._where(run_dir).replace(": ", ": SIGTERM ", 1)
+        return self._where(run_dir)
+
+    def _where(self, run_dir: str) -> str:
+        if self.kind == STEP:
+            return f"rank {self.rank}: inside step {self.split + 1}, before its optimizer step"
         if self.kind == RETURNED:
             return f"rank {self.rank}: after the save returned"
         if self.kind == WRITTEN:
@@ -142,10 +168,14 @@ def find_points(
     choice: Choice,
     run_dir: str,
     modes: tuple[str, ...] = ("kill",),
+    seed: int = 0,
+    grace: float = 2.0,
 ) -> list[CrashPoint]:
     """The crash points of the save at `split` in the uninterrupted run `run` (written in
     `run_dir`), as `crash_points=` (`choice`) asks, each once per mode of `crash_mode=`
-    (`modes`: "kill", "power"; a power loss is named "<point> (power)")."""
+    (`modes`: "kill", "power", "preempt" with `grace` seconds; a power loss is named
+    "<point> (power)", a SIGTERM "<point> (preempt)"). An int choice is that many of every
+    point there is, sampled with `seed`: the same points every run."""
     rank, events = window(run, split, splits, run_dir)
     if not events:
         raise ResumeEquivError(
@@ -156,8 +186,69 @@ def find_points(
     background = any(e.get("thread") for e in events)  # a write of the save in a thread
     foreign = foreign_folders(run[rank].files, split, splits, run_dir)
     overwrites = overwritten(run[rank].files, events)
-    wanted = list(NAMES) if choice is None else ["all"] if choice == "all" else list(choice)
-    points: dict[tuple[str, int], list[str]] = {}
+    points = _wanted(choice, events, overwrites, split, rank)
+    if isinstance(choice, int):  # drawn from the points some mode of the test has
+        points = {k: v for k, v in points.items() if any(k[0] not in NOT_IN_MODE[m] for m in modes)}
+        points = _sampled(points, choice, random.Random(f"{seed}:{split}"))
+    if not points:  # only "torn" can stand for none: a test of no point proves nothing
+        raise ResumeEquivError(
+            f"crash_points={choice!r}: no such point in the save at step {split} on rank "
+            f"{rank}: it writes no file over one that was there (torn points of every file: "
+            'crash_points="all")'
+        )
+    found = [
+        CrashPoint(
+            ", ".join(dict.fromkeys(names)) + ("" if mode == "kill" else f" ({mode})"),
+            rank,
+            _kind_index(events, position) if kind != STEP else 0,
+            thread_kind(events[position]),
+            kind,
+            split,
+            foreign,
+            events[position] if kind != STEP else {},
+            completes=kind in (RETURNED, STEP) and not background,
+            overwrites=overwrites.get(position),
+            power=mode == "power",
+            preempt=grace if mode == "preempt" else None,
+        )
+        for (kind, position), names in sorted(points.items(), key=_order)
+        for mode in modes
+        if kind not in NOT_IN_MODE[mode]
+    ]
+    if not found:
+        raise ResumeEquivError(
+            f"crash_points={choice!r}: no point of crash_mode={list(modes)!r} (a SIGTERM "
+            '(preempt) has no "returned" or "torn" point, a kill or a power loss no "step")'
+        )
+    return found
+
+
+def _order(item: tuple[tuple[str, int], list[str]]) -> tuple[int, bool]:
+    """Points in the order of their events; "step" (after the save) last."""
+    (kind, position), _ = item
+    return position, kind == STEP
+
+
+Points = dict[tuple[str, int], list[str]]
+"""(kind, position among the save's events) -> the names `crash_points=` gave it."""
+
+
+def _wanted(
+    choice: Choice,
+    events: list[dict[str, Any]],
+    overwrites: dict[int, Optional[int]],
+    split: int,
+    rank: int,
+) -> Points:
+    """The points `crash_points=` names; a number samples from all of them (the default
+    ones too, for a pointer's own kind of point)."""
+    if choice is None:
+        wanted: list[Union[str, int]] = list(NAMES)
+    elif isinstance(choice, int):
+        wanted = ["all", *NAMES]
+    else:
+        wanted = ["all"] if choice == "all" else list(choice)
+    points: Points = {}
     for want in wanted:
         if isinstance(want, int) and not 0 <= want < len(events):
             raise ResumeEquivError(
@@ -166,29 +257,41 @@ def find_points(
             )
         for key, name in _chosen(want, events, overwrites):
             points.setdefault(key, []).append(name)
-    if not points:  # only "torn" can stand for none: a test of no point proves nothing
+    return points
+
+
+def _sampled(points: Points, count: int, draw: random.Random) -> Points:
+    """`count` of `points`, drawn by `draw` from them in a fixed order (the same events give
+    the same points for the same seed)."""
+    keys = sorted(points, key=lambda key: (key[1], key[0]))
+    chosen = draw.sample(keys, min(count, len(keys)))
+    return {key: points[key] for key in chosen}
+
+
+def point_split(wanted: str, splits: Sequence[int]) -> int:
+    """The split a point id (`s4.torn1`) crashes, or a clear error."""
+    head = wanted.split(".", 1)[0]
+    split = int(head[1:]) if head[:1] == "s" and head[1:].isdigit() else None
+    if split not in splits:
         raise ResumeEquivError(
-            f"crash_points={choice!r}: no such point in the save at step {split} on rank "
-            f"{rank}: it writes no file over one that was there (torn points of every file: "
-            'crash_points="all")'
+            f"--resume-equiv-crash-point={wanted}: a point id starts with the split it crashes "
+            f"(s<split>., e.g. s{splits[-1]}.event0), one of this test's splits "
+            f"{', '.join(map(str, splits))}: the report's rerun line names the point"
         )
-    return [
-        CrashPoint(
-            ", ".join(dict.fromkeys(names)) + (" (power)" if mode == "power" else ""),
-            rank,
-            _kind_index(events, position),
-            thread_kind(events[position]),
-            kind,
-            split,
-            foreign,
-            events[position],
-            completes=kind == RETURNED and not background,
-            overwrites=overwrites.get(position),
-            power=mode == "power",
+    return split
+
+
+def only_point(points: list[CrashPoint], wanted: str, split: int) -> list[CrashPoint]:
+    """`--resume-equiv-crash-point`: the one point whose id is `wanted`, or a clear error
+    listing the ids the save at `split` has."""
+    found = [p for p in points if p.id == wanted]
+    if not found:
+        ids = ", ".join(p.id for p in points)
+        raise ResumeEquivError(
+            f"--resume-equiv-crash-point={wanted}: the save at step {split} has no such point; "
+            f"its points are {ids}"
         )
-        for (kind, position), names in sorted(points.items(), key=lambda item: item[0][1])
-        for mode in modes
-    ]
+    return found[:1]
 
 
 def _chosen(
@@ -201,10 +304,13 @@ def _chosen(
     main = [i for i, e in enumerate(events) if not e.get("thread")]
     if want == "returned":
         return [((RETURNED, main[-1]), "returned")] if main else []
+    if want == "step":  # after every event of the save
+        return [((STEP, len(events) - 1), "step")]
     if want == "all":  # every event, the return, and inside every file's first write
         every = [((AFTER_EVENT, i), f"event {i}") for i in range(len(events))]
         torn = [((TORN, i), "torn") for i in overwrites]
-        return every + _chosen("returned", events, overwrites) + torn
+        step = _chosen("step", events, overwrites)
+        return every + _chosen("returned", events, overwrites) + torn + step
     if want == "torn":  # inside each write over a file that was there (in place)
         return [((TORN, i), "torn") for i, step in overwrites.items() if step is not None]
     named = {
@@ -312,4 +418,14 @@ def crashed_where(record: Optional[dict[str, Any]], run_dir: str) -> str:
     return f"rank {record.get('rank')}: {record.get('where', '?')}"
 
 
-__all__ = ["NAMES", "CrashPoint", "crashed_where", "find_points", "lay_out", "on_disk", "relative"]
+__all__ = [
+    "NAMES",
+    "CrashPoint",
+    "crashed_where",
+    "find_points",
+    "lay_out",
+    "on_disk",
+    "only_point",
+    "point_split",
+    "relative",
+]

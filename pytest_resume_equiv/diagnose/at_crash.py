@@ -77,6 +77,11 @@ class AfterCrash(CrashedAt):
     """The steps whose save had completed before the crash."""
     outcome: str = ""
     """The point's verdict, as its row says it."""
+    preempted: Optional[dict[str, Any]] = None
+    """A preempt point (crash_mode="preempt"): what the SIGTERM and its grace did
+    (checks/preemption.py `Preempted.facts`: `grace`, `sigterm`, `killed`, `exited_s`, the
+    handler's writes `saved` and the step they hold `saved_step`, `mid_step`,
+    `completed_save`, and per killed rank its `last` file event and where it was `stuck`)."""
 
 
 def _read_torn(crash: AfterCrash) -> Optional[dict[str, Any]]:
@@ -159,12 +164,40 @@ def _torn_read_words(f: Finding) -> str:
     )
 
 
+LOADERS = ("torch.load", "safetensors.torch.load_file")
+"""The calls that load a checkpoint file itself (not a marker that names one)."""
+
+
+def _loaded(crash: AfterCrash, path: str) -> bool:
+    """The resumed run's failing call loaded `path` as a checkpoint."""
+    failed = crash.failed or {}
+    return failed.get("path") == path and failed.get("op") in LOADERS
+
+
 def marker_before_content(crash: AfterCrash) -> Optional[Finding]:
     """The kill came right after the save opened a file for writing (the crash record's
     event is that `open`), the crash left the file empty, and the resumed run read it and
     failed (its failing call was on it, or it read it last): a marker that exists before
     its content. The checkpoint of the newest completed step is named where the crash left
-    a folder of that step."""
+    a folder of that step. A file the resume loaded as a checkpoint is no marker
+    (`empty_file_loaded`)."""
+    found = _empty_and_read(crash)
+    if found is None or _loaded(crash, found["path"]):
+        return None
+    return found
+
+
+def empty_file_loaded(crash: AfterCrash) -> Optional[Finding]:
+    """The same kill, and the file the crash left empty is the checkpoint itself: the
+    resumed run loaded it (`torch.load`, safetensors) and failed. It was written in place
+    (a copy onto the final path, an `open` of it), so it exists before its content."""
+    found = _empty_and_read(crash)
+    if found is None or not _loaded(crash, found["path"]):
+        return None
+    return found
+
+
+def _empty_and_read(crash: AfterCrash) -> Optional[Finding]:
     event = crash.killed_at if isinstance(crash, AfterCrash) else None
     if not event or event.get("op") != "open" or event.get("path") not in crash.empty:
         return None
@@ -209,6 +242,21 @@ def _marker_words(f: Finding) -> str:
     return (
         f"the kill came between open() and the write of {f['path']}{saved}{place}: it exists, "
         f"empty (0 B), before its content, and the resumed run read it: {f['how']}{there}"
+    )
+
+
+def _empty_file_words(f: Finding) -> str:
+    place = (
+        f", in place over the one the save at step {f['overwrites']} had written"
+        if f["overwrites"] is not None
+        else ""
+    )
+    saved = f" (the save at step {f['step']})" if f["step"] is not None else ""
+    return (
+        f"the kill came between open() and the write of {f['path']}{saved}{place}: the "
+        f"checkpoint file itself, written straight onto its final path (a copy, or an open "
+        f"of it), exists empty (0 B) before its content, and the resumed run loaded it: "
+        f"{f['how']}"
     )
 
 
@@ -278,6 +326,14 @@ RULES = (
         torn_read,
         _torn_read_words,
         after=("crash.torn-file-written-in-place",),
+    ),
+    Rule(
+        "crash.empty-checkpoint-file-loaded",
+        (Stage.CRASH,),
+        WRITTEN_IN_PLACE,
+        empty_file_loaded,
+        _empty_file_words,
+        after=("crash.torn-file-written-in-place", "crash.torn-file-read"),
     ),
     Rule(
         "crash.marker-before-its-content",

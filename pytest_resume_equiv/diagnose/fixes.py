@@ -53,10 +53,13 @@ from .classes import (
     RESTORED_WRONG,
     SAME_DATA_ON_EVERY_RANK,
     SAVE_BLOCKED_BY_THE_CRASH,
+    SAVE_PAST_THE_GRACE,
+    SAVED_INSIDE_A_STEP,
     SAVED_WRONG_BY_ITS_WRITER,
     SCHEDULER_COUNTER_ONLY,
     SCHEDULER_PER_MICRO_STEP,
     SCHEDULER_PER_RANK,
+    SIGTERM_SAVE_NOT_FOUND,
     SKIPPED_AGAIN,
     STREAM_KINDS,
     TOKEN_MEAN_PER_MICRO_BATCH,
@@ -241,6 +244,25 @@ CLASSES: dict[str, BugClass] = {
             "make a redone save replace what a crash left: remove an existing step_k "
             "(shutil.rmtree) before os.replace(tmp-step_k, step_k), or resume from the newest "
             "complete step_k rather than only the one a pointer names",
+        ),
+        BugClass(
+            SAVE_PAST_THE_GRACE,
+            "make the save on SIGTERM fit the grace with room to spare (clusters give 30 s: "
+            "Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds), and write it to a "
+            "temporary and os.replace it into place, so a kill inside the grace leaves the "
+            "previous checkpoint whole; or skip it and resume from the last regular save",
+        ),
+        BugClass(
+            SAVED_INSIDE_A_STEP,
+            "in the SIGTERM handler only set a flag; check it at the step boundary (after "
+            "optimizer.step and the step's bookkeeping), save that step there and exit: a "
+            "checkpoint must hold a whole step",
+        ),
+        BugClass(
+            SIGTERM_SAVE_NOT_FOUND,
+            "save on SIGTERM exactly as the regular saves are (the same folder layout, marker "
+            "and pointer), so the resume's own search finds it, or make the resume look where "
+            "the SIGTERM handler saves and take the newest complete checkpoint of either",
         ),
         BugClass(
             SAVED_WRONG_BY_ITS_WRITER,

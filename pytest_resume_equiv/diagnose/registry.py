@@ -11,6 +11,7 @@ from .at_checkpoint import RULES as CHECKPOINT_RULES
 from .at_configurations import RULES as CONFIGURATION_RULES
 from .at_crash import RULES as CRASH_RULES
 from .at_power_loss import RULES as POWER_LOSS_RULES
+from .at_preemption import RULES as PREEMPTION_RULES
 from .at_resume import RULES as RESUME_POINT_RULES
 from .at_resume_objects import RULES as OBJECT_RULES
 from .at_resume_streams import RULES as STREAM_RULES
@@ -29,6 +30,7 @@ RULES: tuple[Rule, ...] = (
     *LEAD_RULES,
     *CRASH_RULES,
     *POWER_LOSS_RULES,
+    *PREEMPTION_RULES,
     *CHECK_RULES,
     *CONFIGURATION_RULES,
     *COUNT_RULES,

@@ -3,12 +3,14 @@ the rank wrote (rank/run_dir.py), torchrun's exit codes, and, for a hung rank, i
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from dataclasses import dataclass
 from typing import Optional
 
-from ..rank.run_dir import log_path, read_status
+from ..rank.run_dir import log_path, read_status, signature_path
+from ..signature import StepWatcher
 from .stacks import faulthandler_frames, py_spy_frames, summary
 
 
@@ -59,6 +61,63 @@ def stuck_where(run_dir: str, rank: int) -> str:
     return ""
 
 
+def _without_status(run_dir: str, rank: int, code: Optional[int], timed_out: bool) -> RankOutcome:
+    """A rank that wrote no status file: hung, killed, or aborted after its last step."""
+    if timed_out:
+        detail = "still running at the timeout (killed)"
+        where = stuck_where(run_dir, rank)
+        return RankOutcome(rank, "none", f"{detail}; {where}" if where else detail, code)
+    if code == -signal.SIGABRT:
+        aborted = aborted_after_its_work(run_dir, rank)
+        if aborted:
+            return RankOutcome(rank, "shutdown", aborted, code)
+    if code is not None and code < 0:
+        return RankOutcome(rank, "none", f"killed by {_signal_name(code)}", code)
+    if code is not None:
+        return RankOutcome(
+            rank, "none", f"exited with code {code} before the trainer finished", code
+        )
+    return RankOutcome(rank, "none", "ended without reporting a status (killed, or never started)")
+
+
+ABORT_MARKS = ("terminate called without an active exception", "Fatal Python error: Aborted")
+"""What a rank's stderr holds when C++ aborted it (std::terminate, then faulthandler)."""
+
+
+def aborted_after_its_work(run_dir: str, rank: int) -> str:
+    """A rank killed by SIGABRT after it recorded the launch's last step (its signature's
+    header says which), in the trainer's own teardown (`destroy_process_group`, a thread of
+    gloo or NCCL joined at exit): what happened, in words; "" for any other abort."""
+    try:
+        with open(log_path(run_dir, rank, "stderr"), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    said = next((m for m in ABORT_MARKS if m in text), None)
+    watcher = StepWatcher(run_dir, rank + 1)
+    watcher.refresh()
+    last, steps = watcher.last[rank], _planned_steps(signature_path(run_dir, rank))
+    if said is None or last is None or not steps or last < steps:
+        return ""
+    frames = faulthandler_frames(text)
+    where = f" in {frames[0]}" if frames else ""
+    return (
+        f"recorded its last step ({last}), then aborted{where} (SIGABRT: {said!r}): a C++ "
+        "thread torn down at exit, after the work was done and recorded, is not a failed launch"
+    )
+
+
+def _planned_steps(path: str) -> int:
+    """The launch's last step, from the header of a rank's signature (0 when unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            header = json.loads(f.readline())
+    except (OSError, ValueError):
+        return 0
+    steps = header.get("steps") if isinstance(header, dict) else None
+    return steps if isinstance(steps, int) else 0
+
+
 def rank_outcomes(
     run_dir: str,
     world_size: int,
@@ -74,18 +133,7 @@ def rank_outcomes(
         status = read_status(run_dir, rank)
         code = codes.get(rank)
         if status is None:
-            if timed_out:
-                detail = "still running at the timeout (killed)"
-                where = stuck_where(run_dir, rank)
-                if where:
-                    detail += f"; {where}"
-            elif code is not None and code < 0:
-                detail = f"killed by {_signal_name(code)}"
-            elif code is not None:
-                detail = f"exited with code {code} before the trainer finished"
-            else:
-                detail = "ended without reporting a status (killed, or never started)"
-            outcomes.append(RankOutcome(rank, "none", detail, code))
+            outcomes.append(_without_status(run_dir, rank, code, timed_out))
         elif status.status == "ok" and code is not None and code != 0:
             # Work done and signature closed, then the interpreter died on the way out
             # (e.g. SIGABRT from a communication thread torn down at exit).

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from .auto import AutoRecorder, counters
 from .auto_lines import AutoLines
-from .crasher import Crasher
+from .crasher import STEP, Crasher
 from .encode import encode
 from .files import Event, FileLog
 from .fingerprint import one_transfer
@@ -338,6 +338,8 @@ class RankState:
             self.files.before_listeners.append(self.crasher.before_call)
             if ctx.crash.get("power"):  # the rollback brings back what renames replaced
                 self.files.keep_into = replaced_path(ctx.run_dir)
+            if ctx.crash.get("kind") == STEP:  # preempt: inside a step, before its update
+                self.restores.after_import("torch.optim.optimizer", self.crasher.hook_steps)
         self.files.install()
         self.restores.after_import("torch.distributed.checkpoint", self.files.install_dcp)
         self.restores.after_import("safetensors.torch", self.files.install_safetensors)

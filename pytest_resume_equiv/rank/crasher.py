@@ -11,6 +11,16 @@ with every background write of the save held, so an asynchronous save is still i
 when the kill comes; or "torn", inside a write: the file the event writes (a `torch.save`, a
 safetensors save, an `open` for writing, DCP's per-rank files among them) is cut to half its
 size once written, then the kill, as if it came halfway through the write.
+
+crash_mode="preempt" (a point context with `preempt`: the grace in seconds) sends SIGTERM
+instead of SIGKILL, at the same points and at one more, "step": inside the step after the
+split, right before its optimizer step (after its backward), or at the start of its optimizer
+step when that is given a closure (LBFGS, Lightning: the closure runs the step's forward and
+backward inside it), or at its `record()` when no optimizer step comes first. Which step an
+optimizer step belongs to is the last step recorded plus one, plus one more when the same
+optimizer has stepped since that record (automatic recording writes a step at the next
+step's first forward, which a closure runs inside the optimizer step). A watchdog process
+(`grace.py`) SIGKILLs what still runs once the grace is over.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from . import grace
+from .auto import _initialising_state
 from .files import Event
 from .run_dir import crash_record_path, read_pids
 
@@ -32,6 +44,8 @@ RETURNED = "returned"
 TORN = "torn"
 """A file being written: once written (at the writer thread's next file call, or its next
 `record()`), cut to half its size, then the kill."""
+STEP = "step"
+"""crash_mode="preempt": inside the step after the split, before its optimizer step."""
 TORN_OPS = ("open", "torch.save", "safetensors.torch.save_file")
 """The events that write one file, which a torn point cuts."""
 HOLD_LIMIT = 5.0
@@ -179,6 +193,12 @@ class Crasher:
         self.torn: Optional[tuple[Event, threading.Thread]] = None
         """kind "torn": the file opened at the point, and the thread writing it."""
         self._lock = threading.Lock()
+        self.fired = False
+        """The point was reached (preempt: the SIGTERM was sent, the ranks run on)."""
+        self.last_step: Optional[int] = None
+        """The last step `record()`ed."""
+        self.stepped: set[int] = set()
+        """ids of the optimizers that stepped since the last `record()`."""
 
     @property
     def mine(self) -> bool:
@@ -187,12 +207,16 @@ class Crasher:
     def on_event(self, event: Event) -> None:
         """A file event was logged (and written to the signature)."""
         kind = thread_kind(event)
+        if self.fired:
+            return  # a SIGTERM handler's save: past the point
         with self._lock:
             if not self.window.admit(event):
                 return
             index = self.seen[kind]
             self.seen[kind] += 1
         point_kind = self.point["kind"]
+        if point_kind == STEP:
+            return  # inside the next step, not at an event of the save
         if point_kind == RETURNED and kind == "background":
             self.hold()  # the save gets no further: still in flight at the kill
             return
@@ -213,6 +237,8 @@ class Crasher:
         """A file call starts (`call`: its `op` and `path`): a file opened for writing at the
         point has been written, unless the call may write into it still (`torch.save` into
         the open file, or into a stream with no name, as DCP's writer does)."""
+        if self.fired:
+            return
         torn = self.torn
         if torn is not None and threading.current_thread() is torn[1]:
             path = os.path.realpath(call["path"]) if call and call.get("path") else ""
@@ -261,12 +287,59 @@ class Crasher:
 
     def on_record(self, step: int) -> None:
         """`record(step)` was called: past the save, once it has returned."""
+        if self.fired:
+            return
+        self.last_step = step
+        self.stepped.clear()
+        split = int(self.point["split"])
+        if self.point["kind"] == STEP and self.mine and step > split:
+            self.kill(f"at record(step={step})", None)
+            return
         if self.torn is not None and self.torn[1] is threading.current_thread():
             self.cut(self.torn[0])
         if self.written is not None:
             self.before_call()
         if self.armed and self.mine:
             self.kill(f"after the save returned, at record(step={step})", None)
+
+    def hook_steps(self, optimizer: Any) -> None:
+        """`torch.optim.optimizer` is imported: every optimizer step calls
+        `before_optimizer_step` first and `after_optimizer_step` once done."""
+        optimizer.register_optimizer_step_pre_hook(self.before_optimizer_step)
+        optimizer.register_optimizer_step_post_hook(self.after_optimizer_step)
+
+    def step_of(self, optimizer: Any) -> int:
+        """The step an optimizer step of `optimizer` starting now belongs to: the one after
+        the last recorded, or the one after that when `optimizer` has stepped since that
+        record (the record of the step it took then comes later: at the next forward)."""
+        return (self.last_step or 0) + 1 + (id(optimizer) in self.stepped)
+
+    def after_optimizer_step(self, optimizer: Any, *_: Any) -> None:
+        if not _initialising_state():
+            self.stepped.add(id(optimizer))
+
+    def before_optimizer_step(
+        self, optimizer: Any = None, args: Any = (), kwargs: Any = None
+    ) -> None:
+        """An optimizer step starts (a global pre-step hook): kind "step" fires in the first
+        one of a step after the split: between the step's backward and its update; given a
+        closure (`step(closure)`, positional or keyword), which runs the forward and the
+        backward inside the step, at its start."""
+        if self.point["kind"] != STEP or not self.mine or self.fired or _initialising_state():
+            return
+        step = self.step_of(optimizer)
+        if step <= int(self.point["split"]):
+            return
+        given = args[1:] if args and args[0] is optimizer else args  # torch passes self too
+        closure = (kwargs or {}).get("closure") or (given[0] if given else None)
+        if callable(closure):
+            where = (
+                f"inside step {step}, at the start of its optimizer step (before the "
+                "closure it was given runs the step's forward and backward)"
+            )
+        else:
+            where = f"inside step {step}, before its optimizer step"
+        self.kill(where, None, inside=True, step=step, closure=callable(closure))
 
     def hold(self) -> None:
         """Hold a background write of the save until the kill. If the training waits for it
@@ -283,23 +356,48 @@ class Crasher:
         if not self.mine:  # another rank's write: until the point's rank kills this one,
             time.sleep(4 * HOLD_LIMIT)  # unless that waits for it (a collective): let go
 
-    def kill(self, where: str, event: Optional[Event], torn: Optional[Event] = None) -> None:
+    def kill(
+        self,
+        where: str,
+        event: Optional[Event],
+        torn: Optional[Event] = None,
+        inside: bool = False,
+        step: Optional[int] = None,
+        closure: bool = False,
+    ) -> None:
         """Say where (and, inside a write, the file cut: `path`, `size`, `of`), then SIGKILL
-        every rank of this host (this one last)."""
+        every rank of this host (this one last); a preempt point SIGTERMs them instead
+        (`inside`: the SIGTERM comes inside `step`, before its optimizer step; `closure`: at
+        the start of one given a closure, before the step's forward and backward)."""
         self.written = self.torn = None  # its own record is no file of the save
+        preempt = self.point.get("preempt")
+        self.fired = preempt is not None  # a SIGTERMed rank runs on: once only
+        where = f"SIGTERM {where}" if preempt is not None else where
         record = {"rank": self.rank, "where": where, "event": event, "time_ns": time.time_ns()}
         if torn is not None:
             record["torn"] = torn
+        if preempt is not None:
+            record["preempt"] = {
+                "grace": float(preempt),
+                "sigterm": _disposition(signal.getsignal(signal.SIGTERM)),
+                "after_step": self.last_step if step is None else step - 1,
+                "inside_step": inside,
+                "closure": closure,
+            }
         path = crash_record_path(self.run_dir)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
         me = os.getpid()
-        for pid in read_pids(self.run_dir).values():
+        pids = read_pids(self.run_dir)
+        if preempt is not None:
+            grace.start(self.run_dir, pids, float(preempt), time.monotonic())
+        send = _terminate if preempt is not None else _kill
+        for pid in pids.values():
             if pid != me:
-                _kill(pid)
-        _kill(me)
+                send(pid)
+        send(me)  # a handler runs now, in the main thread; without one the rank ends here
 
 
 def size_words(size: int) -> str:
@@ -315,6 +413,21 @@ def _kill(pid: int) -> None:
             send(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _terminate(pid: int) -> None:
+    """SIGTERM one rank (not its group: as torchrun's agent and a cluster's stop signal it)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _disposition(handler: Any) -> str:
+    """What a SIGTERM does to the rank: "handler" (the trainer's), "ignored" or "default"."""
+    if handler is signal.SIG_IGN:
+        return "ignored"
+    return "handler" if callable(handler) else "default"
 
 
 def _hold() -> None:

@@ -237,6 +237,7 @@ class Server:
             os.chdir(cwd)
             os.environ.clear()
             os.environ.update(env)
+            _forget_environment_caches()
             sys.path[:] = _python_path(env, cwd, self.tail)
             sys.path_importer_cache.clear()
             importlib.invalidate_caches()
@@ -256,6 +257,14 @@ class Server:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
+
+
+def _forget_environment_caches() -> None:
+    """What the standard library read from the server's environment and keeps: the rank reads
+    it again from its own (a launch's `env={"TMPDIR": ...}` names where `tempfile` writes)."""
+    import tempfile
+
+    tempfile.tempdir = None
 
 
 KEPT_GROUPS: list[object] = []

@@ -12,6 +12,7 @@ What a signature file holds line by line is `layout.py`'s; how a rank learns its
                                   torchrun put in sessions of their own
       status/rank-<R>.json        how the user's code ended (RankStatus)
       status/crashed.json         interrupt="crash": where the ranks were killed
+      status/preempted.json       crash_mode="preempt": how the grace ended (rank/grace.py)
       status/replaced/            a power-loss crash launch: hard links to the files its
                                   renames replaced (checks/power_loss.py brings them back)
       gate-open                   created by the plugin: a prestarted launch may run now

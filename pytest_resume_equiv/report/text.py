@@ -130,8 +130,7 @@ def format_shutdown_deaths(results: list[LaunchResult]) -> str:
     where = "; ".join(f"{r.spec.name} rank {d.rank}: {d.detail}" for r, d in deaths)
     return (
         f"{len(deaths)} rank(s) died during interpreter shutdown after their work was done and "
-        f"their signatures were closed, so the comparison stands: {where} (stderr in each run "
-        "directory's logs/)"
+        f"recorded, so the comparison stands: {where} (stderr in each run directory's logs/)"
     )
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ("minimal", "golden", "data_loading/test_other_world_size.py", "crash", "equivalent")
-"""The examples without an extra framework (no torchdata, transformers, lightning...)."""
+EXAMPLES = ("minimal", "crash", "equivalent")
+"""Examples without an extra framework (no torchdata, transformers, lightning...) that cover
+the plugin side and the ranks: a resume and a caught bug, the crash tester (file events, the
+kill), an equivalence test (the sketch); tests/e2e/test_examples.py runs all of them."""
 
 
 def _run(args, **kwargs):
@@ -54,9 +56,11 @@ def test_a_wheel_with_its_declared_dependencies_runs_the_examples(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", str(wheel), torch_requirement])
-
+    # the venv sees nothing of this tree: with PYTHONPATH on it, pip takes the checkout's
+    # metadata (an editable install's egg-info) for the package installed, and skips the wheel
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([python, "-m", "pip", "install", "-q", str(wheel), torch_requirement], env=env)
+
     probe = (
         "import importlib.util, pytest_resume_equiv as p; "
         "print(p.__file__); print(importlib.util.find_spec('numpy') is None)"
@@ -76,4 +80,4 @@ def test_a_wheel_with_its_declared_dependencies_runs_the_examples(tmp_path):
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
-    assert "13 passed" in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
+    assert "9 passed" in proc.stdout.splitlines()[-1], proc.stdout[-3000:]

@@ -222,7 +222,7 @@ def test_bad_marker_arguments_error_that_test_only(pytester):
     result.assert_outcomes(passed=1, errors=3)
     result.stdout.fnmatch_lines(
         [
-            "*@resume_equivalent: unknown keyword 'nprocs' (did you mean 'nproc'?); valid keywords: steps, split, nproc, nnodes, timeout, tolerance, env, rng_mutation, interrupt, ignore, resume_nproc, resume_nnodes, chain, noise, golden_checkpoint, crash_points, crash_refusal, crash_mode, auto",
+            "*@resume_equivalent: unknown keyword 'nprocs' (did you mean 'nproc'?); valid keywords: steps, split, nproc, nnodes, timeout, tolerance, env, rng_mutation, interrupt, ignore, resume_nproc, resume_nnodes, chain, noise, golden_checkpoint, crash_points, crash_refusal, crash_saves, crash_mode, crash_grace, auto",
             "*@resume_equivalent: invalid split=4: every split must be an int with 1 <= split < steps=4",
             "*@resume_equivalent: invalid steps='six': must be an int >= 2",
         ]

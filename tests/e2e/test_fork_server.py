@@ -18,8 +18,8 @@ from pytest_resume_equiv.launch.agents import OneRank, Standalone
 from pytest_resume_equiv.launch.forked import Forked, ForkServer, agents_for, fork_refusal
 from pytest_resume_equiv.launch.running import LaunchSpec, Target, launch
 from pytest_resume_equiv.launch.spec import default_env, launcher_named
+from pytest_resume_equiv.option_values import parse_preload
 from pytest_resume_equiv.rank.launch_context import LaunchContext
-from pytest_resume_equiv.settings import parse_preload
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """tests/: where the shared fakes are (fakes.py)."""
@@ -28,7 +28,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # them, the torchrun variables, its process group, and whether a module global set by the
 # previous launch leaked into it.
 PROBE = """
-import json, os, random, sys
+import json, os, random, sys, tempfile
 dynamo_at_start = "torch._dynamo" in sys.modules
 import numpy, torch
 import pytest_resume_equiv.rank.bootstrap as bootstrap
@@ -55,6 +55,7 @@ facts = {
     "threads": torch.get_num_threads(),
     "cuda": torch.cuda.is_initialized(),
     "dynamo_at_start": dynamo_at_start,
+    "tempdir": tempfile.gettempdir(),
 }
 group = torch.distributed.group.WORLD
 torch.distributed.destroy_process_group()
@@ -121,10 +122,15 @@ def test_a_forked_rank_is_a_fresh_process_with_torchruns_environment(tmp_path, p
 
 
 def test_one_rank_forked_matches_its_plain_start(tmp_path, probe):
-    _, plain = _launch(tmp_path, probe, "plain", 1, fork=False)
-    _, forked = _launch(tmp_path, probe, "forked", 1, fork=True)
-    for key in ("initial_seed", "torch", "python", "numpy", "env", "torchelastic"):
+    """The launch's env= reaches what the standard library read from the environment and
+    keeps (`tempfile`'s folder, which the server had read from its own)."""
+    own = tmp_path / "own-tmp"
+    own.mkdir()
+    _, plain = _launch(tmp_path, probe, "plain", 1, fork=False, env={"TMPDIR": str(own)})
+    _, forked = _launch(tmp_path, probe, "forked", 1, fork=True, env={"TMPDIR": str(own)})
+    for key in ("initial_seed", "torch", "python", "numpy", "env", "torchelastic", "tempdir"):
         assert forked[0][key] == plain[0][key], key
+    assert forked[0]["tempdir"] == str(own)
 
 
 def _spec(tmp_path, env, nproc=2, nnodes=1, launcher="local", fork=True):

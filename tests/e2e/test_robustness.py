@@ -124,7 +124,7 @@ def test_a_shutdown_abort_after_the_work_is_a_warning_or_with_the_option_a_failu
     result.stdout.fnmatch_lines(
         [
             "*ResumeEquivWarning: * rank(s) died during interpreter shutdown after their work was "
-            "done and their signatures were closed, so the comparison stands: uninterrupted rank *: "
+            "done and recorded, so the comparison stands: uninterrupted rank *: "
             "finished its work and closed its signature, then died during interpreter shutdown "
             "(killed by SIGABRT)*",
         ]

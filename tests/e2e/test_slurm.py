@@ -24,6 +24,7 @@ from pytest_resume_equiv.launch.rank_exits import rank_outcomes
 from pytest_resume_equiv.launch.resources import parallelism
 from pytest_resume_equiv.launch.running import LaunchSpec, Target
 from pytest_resume_equiv.launch.spec import launcher_named
+from pytest_resume_equiv.option_values import parse_slurm_args
 from pytest_resume_equiv.rank.launch_context import LaunchContext
 from pytest_resume_equiv.rank.run_dir import (
     SLURM_PROBLEM,
@@ -32,7 +33,7 @@ from pytest_resume_equiv.rank.run_dir import (
     request_stacks,
     stacks_requested,
 )
-from pytest_resume_equiv.settings import OPTIONS, parse_slurm_args
+from pytest_resume_equiv.settings import OPTIONS
 
 SLURM = (*CPU, "--resume-equiv-launcher=slurm")
 

@@ -12,8 +12,8 @@ from helpers import file_event as event
 from pytest_resume_equiv.checks import after_crash
 from pytest_resume_equiv.checks.after_crash import Row, judge_after_crash
 from pytest_resume_equiv.checks.base import Verdict
-from pytest_resume_equiv.checks.crash import CrashTable
 from pytest_resume_equiv.checks.crash_points import find_points, on_disk
+from pytest_resume_equiv.checks.crash_table import CrashTable
 from pytest_resume_equiv.compare.comparators import comparator_for
 from pytest_resume_equiv.compare.jsonable import from_json, to_json
 from pytest_resume_equiv.compare.tolerance import ComparisonRules

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_resume_equiv.checks.after_crash import Row
 from pytest_resume_equiv.checks.base import Verdict
-from pytest_resume_equiv.checks.crash import CrashTable
+from pytest_resume_equiv.checks.crash_table import CrashTable
 from pytest_resume_equiv.compare import facts
 from pytest_resume_equiv.compare.accounting import DataAccount
 from pytest_resume_equiv.compare.comparators import DataFacts
@@ -131,9 +131,9 @@ KEYS = {
     "NoiseFacts": "kind source runs first_step spread relative unjudgeable",
     "GateFacts": "kind status reference why differing compared at how",
     "PreflightFacts": "kind findings precision",
-    "CrashTable": "kind split rows",
+    "CrashTable": "kind split rows sampled rerun_args",
     "LoadedStep": "kind split found counters files",
-    "Row": "point where disk resumed_from status why rolled_back",
+    "Row": "point where disk resumed_from status why rolled_back id then",
     "Tolerance": "name first later",
     "ComparisonRules": "steps tolerance ignore strict_latent",
 }

@@ -443,3 +443,101 @@ def train_marks_in_place(ctx):
 
 def train_marks_by_rename(ctx):
     train_from_marker(ctx, save_then_mark_by_rename)
+
+
+# --- The newest step folder, and A/B slots (issue 43) ----------------------------------------
+
+
+def newest_folder(root, marked):
+    """The step_k under `root` with the largest k; `marked`: only those whose meta.json is
+    there (written last, by rename), else whatever the newest folder holds."""
+    names = [n for n in os.listdir(root) if n.startswith("step_")] if os.path.isdir(root) else []
+    if marked:
+        names = [n for n in names if os.path.exists(os.path.join(root, n, "meta.json"))]
+    return os.path.join(root, max(names, key=lambda n: int(n[5:]))) if names else None
+
+
+def save_into_step_folder(root, step, model, opt):
+    """step_k/{model.pt, optim.pt}, then meta.json by rename: a folder is complete once its
+    meta.json is there."""
+    folder = os.path.join(root, f"step_{step}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+    torch.save(opt.state_dict(), os.path.join(folder, "optim.pt"))
+    meta = os.path.join(folder, "meta.json")
+    with open(meta + ".tmp", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(meta + ".tmp", meta)
+
+
+def train_newest(ctx, marked):
+    """Resumes from the newest step folder (`marked`: the newest with a meta.json): the bug
+    resumes from one a crash left half written."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    found = newest_folder(root, marked)
+    start = 0
+    if found:
+        load_folder(found, model, opt)
+        start = int(os.path.basename(found)[5:])
+    save_at = lambda step: save_into_step_folder(root, step, model, opt)  # noqa: E731
+    train_from(ctx, rank, model, opt, start, save_at)
+    dist.destroy_process_group()
+
+
+def train_newest_folder(ctx):
+    train_newest(ctx, marked=False)
+
+
+def train_newest_marked_folder(ctx):
+    train_newest(ctx, marked=True)
+
+
+def save_to_slot(root, step, model, opt):
+    """A/B slots: the slot `latest` does not name is written over in place (model.pt,
+    optim.pt, meta.json, fsynced), then `latest` moves to it by rename: a kill inside the
+    write tears only the slot no one reads."""
+    pointer = os.path.join(root, "latest")
+    current = open(pointer).read().strip() if os.path.exists(pointer) else "b"
+    slot = os.path.join(root, "a" if current == "b" else "b")
+    write_step(slot, step, model.state_dict(), opt.state_dict())
+    for name in ("model.pt", "optim.pt"):
+        fsync_path(os.path.join(slot, name))
+    with open(pointer + ".tmp", "w") as f:
+        f.write(os.path.basename(slot))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer + ".tmp", pointer)
+    fsync_path(root)
+
+
+def train_ab_slots(ctx):
+    """Resumes from the slot `latest` names."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    os.makedirs(root, exist_ok=True)
+    pointer = os.path.join(root, "latest")
+    start = 0
+    if os.path.exists(pointer):
+        slot = os.path.join(root, open(pointer).read().strip())
+        load_folder(slot, model, opt)
+        start = saved_step(slot)
+    train_from(ctx, rank, model, opt, start, lambda step: save_to_slot(root, step, model, opt))
+    dist.destroy_process_group()
+
+
+# --- A resume bug that is no crash's (issue 43) ----------------------------------------------
+
+
+def train_forgets_the_optimizer(ctx):
+    """The atomic saver, and a resume that loads the model but not the optimizer: every
+    point fails, the complete checkpoint's too, and no torn checkpoint is to blame."""
+    rank, model, opt = setup(ctx)
+    root = ctx.checkpoint if ctx.resuming else ctx.checkpoint_for(0)
+    found = find(ctx, root)
+    start = 0
+    if found:
+        model.load_state_dict(torch.load(os.path.join(found, "model.pt"), weights_only=True))
+        start = saved_step(found)
+    train_from(ctx, rank, model, opt, start, lambda step: save_atomic(root, step, model, opt))
+    dist.destroy_process_group()

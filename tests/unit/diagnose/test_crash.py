@@ -203,6 +203,44 @@ def test_an_empty_file_the_resume_did_not_read_last_or_one_written_whole_is_no_e
         assert d is not None and d.rule == CATCH_ALL, (facts, d and d.rule)
 
 
+EMPTY_LOADED = "crash.empty-checkpoint-file-loaded"
+
+
+@fires(EMPTY_LOADED)
+@look_alike(MARKER, wins=EMPTY_LOADED)
+def test_an_empty_file_the_resume_loaded_as_a_checkpoint_is_written_in_place_not_a_marker():
+    """Lightning's last.ckpt, moved across file systems (copied onto its final path): the
+    kill after its open() leaves the checkpoint itself empty, and torch.load raises."""
+    opened = {"op": "open", "path": "checkpoints/last.ckpt", "after_step": 4, "overwrites": 2}
+    d = cause(
+        Stage.CRASH,
+        marker_killed(
+            killed_at=opened,
+            empty=("checkpoints/last.ckpt",),
+            read=("checkpoints/last.ckpt",),
+            failed=load_failed("checkpoints/last.ckpt", error="EOFError: "),
+            message="EOFError: ",
+        ),
+    )
+    named(
+        d,
+        EMPTY_LOADED,
+        "written in place",
+        "the kill came between open() and the write of checkpoints/last.ckpt (the save at step "
+        "4), in place over the one the save at step 2 had written: the checkpoint file itself, "
+        "written straight onto its final path (a copy, or an open of it), exists empty (0 B) "
+        "before its content, and the resumed run loaded it: torch.load(checkpoints/last.ckpt) "
+        "raised EOFError",
+        "write the file to a temporary path beside it, flush and os.fsync it, then os.replace",
+    )
+
+
+@look_alike(EMPTY_LOADED, wins=MARKER)
+def test_an_empty_marker_the_resume_parsed_is_no_checkpoint_file():
+    d = cause(Stage.CRASH, marker_killed())
+    assert d is not None and d.rule == MARKER, d and d.rule
+
+
 # A power loss (crash_mode="power")
 
 

@@ -48,6 +48,7 @@ def test_the_package_holds_a_test_module_per_stage():
         "test_held",
         "test_notes",
         "test_objects",
+        "test_preempt",
         "test_resume_point",
         "test_step",
         "test_streams",
