@@ -130,19 +130,28 @@ def phases(marks: dict[str, dict[str, float]], start: float) -> dict[str, list[f
     return spans
 
 
-def busy(marks: dict[str, dict[str, float]]) -> float:
-    """Seconds of the session during which at least one launch ran (host start to judged)."""
+def busy(marks: dict[str, dict[str, float]], within: tuple[float, float] = (-1e18, 1e18)) -> float:
+    """Seconds of the session (or of the window `within`) during which at least one launch
+    ran (host start to judged)."""
     intervals = sorted(
         (p["host.started"], p.get("host.judged", p.get("host.exited", p["host.started"])))
         for p in marks.values()
         if "host.started" in p
     )
-    total, end = 0.0, float("-inf")
+    total, end = 0.0, within[0]
     for a, b in intervals:
-        if b > end:
+        a, b = max(a, within[0]), min(b, within[1])
+        if b > max(a, end):
             total += b - max(a, end)
             end = b
     return total
+
+
+def idle_in_items(marks: dict[str, dict[str, float]]) -> float:
+    """Seconds inside items (first launch planned to last judged) with no launch running."""
+    windows = [(p["item.planned"], p["item.launched"]) for p in marks.values()
+               if "item.planned" in p and "item.launched" in p]  # fmt: skip
+    return sum((b - a) - busy(marks, (a, b)) for a, b in windows)
 
 
 def main() -> None:
@@ -168,7 +177,7 @@ def main() -> None:
             launches.append(sum("host.started" in p for p in marks.values()))
             for name, values in phases(marks, began).items():
                 spans[name].append(values)
-            gaps.append((walls[-1], busy(marks)))
+            gaps.append((walls[-1], busy(marks), idle_in_items(marks)))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     wall, base = statistics.median(walls), statistics.median(floors)
@@ -182,7 +191,7 @@ def main() -> None:
             flat = [v for run in runs for v in run]
             rows.append((name, f"{1000 * statistics.median(flat):.0f}",
                          f"{statistics.median(sum(r) for r in runs):.2f}"))  # fmt: skip
-    session_wall, launch_busy = (statistics.median(g[i] for g in gaps) for i in (0, 1))
+    session_wall, launch_busy, idle = (statistics.median(g[i] for g in gaps) for i in (0, 1, 2))
     print(machine())
     print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"launches per session: {statistics.median(launches):.0f}; repeats: {args.repeat}\n")
@@ -190,6 +199,8 @@ def main() -> None:
     print(f"\nsession wall {session_wall:.1f} s: launches running {launch_busy:.1f} s, "
           f"the rest (pytest, collection, the fork server's start, between launches) "
           f"{session_wall - launch_busy:.1f} s")  # fmt: skip
+    print(f"inside items with no launch running (the first item's wait for the fork server "
+          f"included): {idle:.1f} s")  # fmt: skip
     print(f"in-process floor (one process, the 15 cases): {base:.1f} s")
     print(f"ratio session / floor: {wall / base:.2f} (aim: <= 2.5)")
 

@@ -125,8 +125,14 @@ class Judge:
 
     # the scheduler's handler
 
-    def on_done(self, job: Job, result: LaunchResult) -> None:
+    def on_exit(self, job: Job, result: LaunchResult) -> None:
+        """What must hold before a launch waiting for this one may open its gate: it did not
+        fail, and the checkpoints it should have written for the launches that load them
+        exist. The scheduler then opens those gates, and calls `on_done` (which calls this
+        first if the scheduler did not)."""
         planned = job.planned
+        if planned.name in self._results:
+            return
         self.outcome.launches.append(result)
         self._results[planned.name] = result
         if not result.ok and not result.killed_after_step and not planned.may_fail:
@@ -137,6 +143,11 @@ class Judge:
                 result, planned.role, KILLED_SOURCE_NOTE.format(step=step) if step else ""
             )
         self._check_checkpoints(planned, result)
+
+    def on_done(self, job: Job, result: LaunchResult) -> None:
+        """The checks that wait for this launch judge it (read and compare signatures)."""
+        planned = job.planned
+        self.on_exit(job, result)
         mark("host.judging", planned.spec.run_dir)
         for check in self.plan.checks:
             if any(p is planned for p in check.launches):
@@ -219,7 +230,7 @@ def run_plan(
     the verdicts reached) when it raises."""
     judge = Judge(plan, settings, scheduler, outcome)
     try:
-        scheduler.run(judge.on_done)
+        scheduler.run(judge.on_done, judge.on_exit)
     finally:
         judge.conclude()
     return judge.outcome

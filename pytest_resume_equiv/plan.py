@@ -71,6 +71,10 @@ class PlannedLaunch:
     """Started only when a check asks for it (after a divergence, say)."""
     link: int = 0
     """chain=True: which resume of the chain this is (1, 2, ...); 0 outside a chain."""
+    judged_first: bool = False
+    """The launches that need it wait until it has been judged, not only until it exited:
+    its judging prepares what they run on (interrupt="crash": what the crash left is laid
+    out, and rolled back for a power loss, in the restarted job's run directory)."""
     may_fail: bool = False
     """Its check judges how it ended, a failure too (interrupt="crash": the launch killed in
     the save, and the resumed one, which may refuse the torn checkpoint)."""

@@ -5,7 +5,8 @@ The loop knows only mechanics: how many launches may run the user's code at once
 a launch may open its gate once the launches it `needs` have finished. What a result means,
 and which launches follow from it, is the handler's business (judge.py and the checks): it may add
 and cancel jobs while the loop runs. Like pytest-xdist's `DSession.loop_once`, each turn
-starts what it can, then dispatches what finished.
+starts what it can, then dispatches what finished; with nothing finished, it blocks until a
+launch's process exits or the next deadline comes (`launch.waiting`), not on a fixed sleep.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .launch.running import Handle, LaunchResult, RunningLaunch
+from .launch.waiting import POLL, Wake, wait
 from .plan import PlannedLaunch
 from .signature import StepWatcher, count
 
@@ -63,7 +65,7 @@ class Scheduler:
         start: Starter = start_local,
         parallel: int = 1,
         prefetch: int = 1,
-        poll_interval: float = 0.02,
+        poll_interval: float = POLL,
         on_progress: Optional[Callable[[str], None]] = None,
         progress_every: float = 5.0,
     ) -> None:
@@ -71,6 +73,10 @@ class Scheduler:
         self.parallel = parallel
         self.prefetch = prefetch
         self.poll_interval = poll_interval
+        """How often what cannot wake the loop is looked at (a launch waiting for a device,
+        one that another pytest-xdist worker runs, the steps of an interrupt="kill" launch)."""
+        self._refused = False
+        """This turn's starter had no device free: ask again after `poll_interval`."""
         self.on_progress = on_progress
         self.progress_every = progress_every
         self.jobs: list[Job] = []
@@ -93,13 +99,17 @@ class Scheduler:
         in the middle); not those still waiting at their gate."""
         return [job.planned for job in self.jobs if job.started and job.handle.gate_open]
 
-    def run(self, on_done: OnDone) -> None:
+    def run(self, on_done: OnDone, on_exit: Optional[OnDone] = None) -> None:
         """Until every job is done. Whatever ends it (a handler's exception, Ctrl-C), every
-        started launch is killed before this returns."""
+        started launch is killed before this returns.
+
+        `on_exit`, if given, is what must hold of a finished launch before the launches that
+        need it may run (it raises otherwise): their gates open right after it, and
+        `on_done`, which reads and compares signatures, runs while they run."""
         try:
             while any(not job.done for job in self.jobs):
-                if not self.loop_once(on_done):
-                    time.sleep(self.poll_interval)
+                if not self.loop_once(on_done, on_exit):
+                    wait(self.wake())
         finally:
             self._kill_started()
 
@@ -117,13 +127,35 @@ class Scheduler:
         if second is not None:
             raise second
 
-    def loop_once(self, on_done: OnDone) -> bool:
+    def loop_once(self, on_done: OnDone, on_exit: Optional[OnDone] = None) -> bool:
         """One turn: start, open gates, report progress, dispatch finished launches.
         Returns whether any launch finished."""
         self._start_what_fits()
         self._open_gates()
         self._periodic_progress()
-        return self._dispatch_finished(on_done)
+        return self._dispatch_finished(on_done, on_exit)
+
+    def wake(self) -> Wake:
+        """What ends the wait after a turn in which nothing finished: the exit of a running
+        launch's process (each handle says), its timeout, the next progress line; a look
+        after `poll_interval` at what only polling can see."""
+        wake = Wake()
+        if self.on_progress is not None:
+            wake.by(self._last_progress + self.progress_every)
+        soon = time.monotonic() + self.poll_interval
+        if self._refused:
+            wake.by(soon)
+        for job in self.jobs:
+            if not job.started or not job.handle.gate_open:
+                continue
+            handle_wake = getattr(job.handle, "wake", None)
+            if handle_wake is None:  # a handle that cannot say (a fake): polled
+                wake.by(soon)
+            else:
+                wake.add(handle_wake())
+            if job.planned.kill_after is not None:
+                wake.by(soon)  # its signatures grow: only a look shows the step
+        return wake
 
     def _ready(self, job: Job) -> bool:
         return all(p.name in self.finished for p in job.planned.needs)
@@ -131,6 +163,7 @@ class Scheduler:
     def _start_what_fits(self) -> None:
         """Start pending launches gated, up to `parallel` running plus `prefetch` waiting."""
         active = [j for j in self.jobs if j.started]
+        self._refused = False
         for job in self.jobs:
             if job.done or job.handle is not None:
                 continue
@@ -142,6 +175,7 @@ class Scheduler:
                 return
             handle = self.start(job.planned, True)
             if handle is None:
+                self._refused = True
                 return  # no free device yet: ask again next turn
             job.handle = handle
             active.append(job)
@@ -170,7 +204,7 @@ class Scheduler:
                 if job.started and job.handle.gate_open:
                     self._progress(job, "running")
 
-    def _dispatch_finished(self, on_done: OnDone) -> bool:
+    def _dispatch_finished(self, on_done: OnDone, on_exit: Optional[OnDone] = None) -> bool:
         finished_any = False
         for job in list(self.jobs):
             if not job.started or not job.handle.gate_open:
@@ -182,6 +216,10 @@ class Scheduler:
                 job, f"{result.status} ({result.note})" if result.note else result.status
             )
             job.done = True
+            if on_exit is not None and not job.planned.judged_first:
+                on_exit(job, result)
+                self.finished.add(job.name)
+                self._open_gates()  # what waited for it runs while it is judged
             on_done(job, result)
             self.finished.add(job.name)
             finished_any = True

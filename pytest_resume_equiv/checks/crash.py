@@ -151,6 +151,7 @@ class Crash(Check):
             context = dataclasses.replace(resumed.spec.context, picks_checkpoint=True)
             resumed.spec = dataclasses.replace(resumed.spec, context=context)
             crash.may_fail = resumed.may_fail = True
+            crash.judged_first = True  # its judging lays out what the restarted job finds
             row = Row(point.name, point.where(self.full.spec.run_dir), status="pending")
             row.id = point.id
             self.pairs.append(Pair(point, crash, resumed, row))

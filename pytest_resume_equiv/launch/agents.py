@@ -20,6 +20,7 @@ agents' output.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -82,6 +83,10 @@ class Agents:
 
     def supervise(self, procs: list) -> None:
         """Called while the launch runs: what an agent does for ranks started without one."""
+
+    def next_look(self) -> float:
+        """When `supervise` must be called again though no process exited (monotonic)."""
+        return math.inf
 
 
 def free_port() -> int:

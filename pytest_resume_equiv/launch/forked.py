@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -38,6 +39,7 @@ from .agents import (
     rank_env,
 )
 from .spec import LaunchSpec, default_env
+from .waiting import wait_exits
 
 FORK_SERVER = "pytest_resume_equiv.rank.forkserver"
 IMPORT_TIME_PREFIXES = (
@@ -220,9 +222,7 @@ class ForkServer:
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        if not wait_exits([self.proc], 10.0):
             self.proc.kill()
             self.proc.wait()
         if self.proc.stdout is not None:
@@ -260,11 +260,8 @@ class ForkedRank:
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"forked rank {self.pid}", timeout or 0)
-            time.sleep(0.01)
+        if not wait_exits([self], math.inf if timeout is None else timeout):
+            raise subprocess.TimeoutExpired(f"forked rank {self.pid}", timeout or 0)
         assert self.returncode is not None
         return self.returncode
 
@@ -289,6 +286,12 @@ class Forked(Agents):
             self._signal(procs, codes, signal.SIGTERM)
         elif self.stopping is not None and time.monotonic() > self.stopping + STOP_GRACE:
             self._signal(procs, codes, signal.SIGKILL)
+
+    def next_look(self) -> float:
+        """The end of the failed launch's grace period, while it lasts."""
+        if self.stopping is None or time.monotonic() > self.stopping + STOP_GRACE:
+            return math.inf
+        return self.stopping + STOP_GRACE + 0.001
 
     @staticmethod
     def _signal(procs: list, codes: list, sig: int) -> None:

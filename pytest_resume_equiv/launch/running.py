@@ -29,6 +29,7 @@ from .forked import FORK_SERVER, Forked, agents_for, kill_process
 from .rank_exits import RankOutcome, rank_outcomes
 from .spec import LaunchSpec, Target, default_env
 from .stacks import py_spy_dump
+from .waiting import ExitFds, Wake, wait, wait_exits
 
 __all__ = ["LaunchResult", "LaunchSpec", "RunningLaunch", "Target", "launch"]
 
@@ -163,12 +164,7 @@ def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
         _signal_group(pgid, signal.SIGKILL)
     for proc in procs:
         kill_process(proc.pid)
-    deadline = time.monotonic() + KILL_WAIT
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    wait_exits(procs, KILL_WAIT)
 
 
 class Handle(Protocol):
@@ -182,6 +178,8 @@ class Handle(Protocol):
     def poll(self) -> Optional[LaunchResult]: ...
 
     def kill(self) -> None: ...
+
+    # optional: `wake() -> Wake`, what ends a wait for its next change (else it is polled)
 
 
 class RunningLaunch:
@@ -216,6 +214,7 @@ class RunningLaunch:
         self.gate_opened: Optional[float] = None if gated else self.started
         self.result: Optional[LaunchResult] = None
         self.argvs: list[list[str]] = []
+        self.exits = ExitFds()
         try:
             self.argvs = self.agents.argvs(spec)
             if isinstance(self.agents, Forked):
@@ -223,6 +222,7 @@ class RunningLaunch:
                 self.procs = self.agents.start(spec, env, logs)
             else:
                 self._start_plain(env)
+            self.exits.watch(self.procs)
         except BaseException:
             self.kill()
             raise
@@ -270,13 +270,23 @@ class RunningLaunch:
             return self._finish(timed_out=True)
         return None
 
+    def wake(self) -> Wake:
+        """What ends the wait for this launch's next change (call after `poll`): an exit of
+        a process still running, its timeout, the next step of its agents' supervision."""
+        if self.result is not None:
+            return Wake(at=0.0)
+        wake = self.exits.wake(self.procs, [p.returncode is None for p in self.procs])
+        if self.gate_opened is not None:
+            wake.by(self.gate_opened + self.spec.timeout)
+        return wake.by(self.agents.next_look())
+
     def wait(self) -> LaunchResult:
         self.open_gate()
         while True:
             result = self.poll()
             if result is not None:
                 return result
-            time.sleep(0.02)
+            wait(self.wake())
 
     def kill(self) -> None:
         """Stop the launch now (cancelled, interrupted or failed elsewhere)."""
@@ -295,6 +305,7 @@ class RunningLaunch:
                 # other nodes: wait until the scheduler has cleaned it up
                 self.agents.cancel(self.spec)
         finally:
+            self.exits.close()
             for log in self._logs:
                 log.close()
         end = time.monotonic()

@@ -20,6 +20,7 @@ from ..rank.run_dir import KEEP_FILE, RESULT_FILE
 from .rank_exits import RankOutcome
 from .running import LaunchResult, LaunchSpec, Target
 from .spec import launcher_named
+from .waiting import Wake
 
 SHARED_DIR = "resume-equiv-shared"
 
@@ -87,37 +88,55 @@ class SharedLaunch:
         self._lock = FileLock(run_dir + ".lock")
         self._inner = None
         self.result: Optional[LaunchResult] = None
+        self._begin()  # started now, before the launches the scheduler starts after it
 
     def open_gate(self) -> None:
         pass
 
-    def poll(self) -> Optional[LaunchResult]:
+    def _begin(self) -> None:
+        """Take the launch's lock and reuse its stored result, or start it; or, while
+        another test or xdist worker holds the lock, nothing yet."""
         from filelock import Timeout
 
-        if self.result is not None:
-            return self.result
-        if self._inner is None:
-            try:
-                self._lock.acquire(timeout=0)
-            except Timeout:
-                return None  # another test or xdist worker runs it now
-            stored = load_result(self.run_dir)
-            if stored is not None:
-                self._lock.release()
-                self.result = stored
-                return stored
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            return  # another test or xdist worker runs it now
+        stored = load_result(self.run_dir)
+        if stored is not None:
+            self._lock.release()
+            self.result = stored
+            return
+        try:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # leftovers of a killed attempt
             os.makedirs(self.run_dir, mode=0o700)
             self._inner = self._start()
-            if self._inner is None:
-                self._lock.release()
-                return None
+        except BaseException:
+            self._lock.release()
+            raise
+        if self._inner is None:
+            self._lock.release()
+
+    def poll(self) -> Optional[LaunchResult]:
+        if self.result is not None:
+            return self.result
+        if self._inner is None:
+            self._begin()
+            if self.result is not None or self._inner is None:
+                return self.result
         result = self._inner.poll()
         if result is not None:
             save_result(self.run_dir, result, self._owner)
             self._lock.release()
             self.result = result
         return result
+
+    def wake(self) -> Wake:
+        """Its launch's processes, when this test runs it; else a look at the lock soon."""
+        if self.result is not None:
+            return Wake(at=0.0)
+        inner_wake = getattr(self._inner, "wake", None)
+        return inner_wake() if inner_wake is not None else Wake().soon()
 
     def kill(self) -> None:
         if self._inner is not None and self.result is None:

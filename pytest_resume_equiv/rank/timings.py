@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import zlib
 from typing import Any, Optional
 
 from .patches import Patches
@@ -47,12 +48,22 @@ def mark(phase: str, launch: str) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    line = f"{time.time():.6f} {os.getpid()} {os.path.basename(launch) or '-'} {phase}\n"
+    line = f"{time.time():.6f} {os.getpid()} {launch_name(launch)} {phase}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def launch_name(launch: str) -> str:
+    """The launch's run directory's name, and a short hash of where it is: every test has
+    its own `resumed-split3`, and their marks must not be taken for one launch's."""
+    name = os.path.basename(launch) or "-"
+    where = os.path.dirname(launch)
+    if not where:
+        return name
+    return f"{name}@{zlib.crc32(where.encode()):08x}"
 
 
 class ProcessGroupTimer:

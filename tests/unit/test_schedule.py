@@ -65,6 +65,27 @@ def test_a_launch_waits_at_its_gate_until_what_it_needs_was_handled(tmp_path):
     assert log[-1] == ("done", "resumed-split3")
 
 
+@pytest.mark.parametrize("judged_first", [False, True])
+def test_gates_open_once_a_launch_exited_or_if_asked_once_it_was_judged(tmp_path, judged_first):
+    """With `on_exit`, the launches that need one open their gates while it is judged;
+    a launch `judged_first` (a crash launch: its judging lays out what the restarted job
+    finds) is judged before they open."""
+    _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
+    uninterrupted = next(p for p in plan.started if p.name == "uninterrupted")
+    uninterrupted.judged_first = judged_first
+    log = []
+    start, _ = starter(log)
+    scheduler = Scheduler(start, parallel=2, prefetch=1, poll_interval=0)
+    for planned in plan.started:
+        scheduler.add(planned)
+    scheduler.run(
+        lambda job, result: log.append(("done", job.name)),
+        lambda job, result: log.append(("exit", job.name)),
+    )
+    gate, done = log.index(("gate", "resumed-split3")), log.index(("done", "uninterrupted"))
+    assert (gate > done) == judged_first, log
+
+
 def test_no_more_than_parallel_launches_run_and_prefetch_start_ahead(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=1, split=[1, 2, 3, 4], rng_mutation=False)
     log, running, most = [], set(), [0]

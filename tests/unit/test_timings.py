@@ -22,14 +22,19 @@ def test_a_mark_writes_nothing_unless_a_benchmark_asks(tmp_path, monkeypatch):
 def test_marks_are_lines_of_time_pid_launch_and_phase(tmp_path, monkeypatch):
     path = tmp_path / "timings.txt"
     monkeypatch.setenv(timings.ENV, str(path))
-    timings.mark("host.started", "/runs/session/resumed-split3")
-    timings.mark("host.exited", "/runs/session/resumed-split3")
+    timings.mark("host.started", "/runs/session/test_a/resumed-split3")
+    timings.mark("host.exited", "/runs/session/test_a/resumed-split3")
+    timings.mark("host.started", "/runs/session/test_b/resumed-split3")
     lines = [line.split() for line in path.read_text().splitlines()]
+    a, b = timings.launch_name("/runs/session/test_a/resumed-split3"), lines[2][2]
+    assert a.startswith("resumed-split3@") and b.startswith("resumed-split3@") and a != b
     assert [(launch, phase) for _, _, launch, phase in lines] == [
-        ("resumed-split3", "host.started"),
-        ("resumed-split3", "host.exited"),
+        (a, "host.started"),
+        (a, "host.exited"),
+        (b, "host.started"),
     ]
     assert float(lines[0][0]) <= float(lines[1][0])
+    assert timings.launch_name("fork-server") == "fork-server"
 
 
 def test_init_process_group_is_timed_only_when_asked_and_put_back(tmp_path, monkeypatch):

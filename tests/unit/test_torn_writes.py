@@ -240,6 +240,7 @@ def test_a_failed_points_facts_come_from_the_crash_record_and_the_resumed_ranks_
 def test_the_files_read_are_listed_while_another_thread_opens_more(tmp_path):
     """A background save thread opening files while the rank's status is written: reading
     the list never sees it change under it (it raised 'deque mutated during iteration')."""
+    import sys
     import threading
 
     from pytest_resume_equiv.rank.files import FileLog
@@ -254,14 +255,19 @@ def test_the_files_read_are_listed_while_another_thread_opens_more(tmp_path):
             log._opened_to_read.append(str(tmp_path / f"f{n % 50}"))
             n += 1
 
+    # the threads trade the GIL every 10 us, not every 5 ms: many switches inside each read
+    # (a direct iteration of the deque raised within a few reads), at a fraction of the time
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
     thread = threading.Thread(target=opening)
     thread.start()
     try:
-        for _ in range(2000):
+        for _ in range(300):
             assert len(log.reads) <= 50
     finally:
         stop.set()
         thread.join()
+        sys.setswitchinterval(interval)
 
 
 def test_a_resume_that_fails_right_after_reading_a_file_the_crash_left_empty_crashed_on_it(
