@@ -59,7 +59,10 @@ def test_a_wheel_with_its_declared_dependencies_runs_the_examples(tmp_path):
     # the venv sees nothing of this tree: with PYTHONPATH on it, pip takes the checkout's
     # metadata (an editable install's egg-info) for the package installed, and skips the wheel
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _run([python, "-m", "pip", "install", "-q", str(wheel), torch_requirement], env=env)
+    # --no-compile: byte-compiling torch's files at install is two thirds of the install's
+    # time (30 s against 10 s) and no part of what this test checks
+    install = ["install", "-q", "--no-compile", str(wheel), torch_requirement]
+    _run([python, "-m", "pip", *install], env=env)
 
     probe = (
         "import importlib.util, pytest_resume_equiv as p; "
