@@ -227,36 +227,35 @@ def _folder_of_step(paths: tuple[str, ...], step: int) -> str:
     return min(found, key=len) if found else ""
 
 
-def _marker_words(f: Finding) -> str:
+def _killed_after_open(f: Finding) -> str:
+    """`the kill came between open() and the write of checkpoints/step (the save at step 4),
+    in place over the one the save at step 2 had written`."""
     place = (
         f", in place over the one the save at step {f['overwrites']} had written"
         if f["overwrites"] is not None
         else ""
     )
     saved = f" (the save at step {f['step']})" if f["step"] is not None else ""
+    return f"the kill came between open() and the write of {f['path']}{saved}{place}"
+
+
+def _marker_words(f: Finding) -> str:
     there = ""
     if f["completed"] is not None:
         on = f" is on disk ({f['there']})" if f["there"] else " had completed"
         there = f"; the checkpoint of step {f['completed']}{on}, but the marker that names it"
         there += " is what the resume reads"
     return (
-        f"the kill came between open() and the write of {f['path']}{saved}{place}: it exists, "
-        f"empty (0 B), before its content, and the resumed run read it: {f['how']}{there}"
+        f"{_killed_after_open(f)}: it exists, empty (0 B), before its content, and the "
+        f"resumed run read it: {f['how']}{there}"
     )
 
 
 def _empty_file_words(f: Finding) -> str:
-    place = (
-        f", in place over the one the save at step {f['overwrites']} had written"
-        if f["overwrites"] is not None
-        else ""
-    )
-    saved = f" (the save at step {f['step']})" if f["step"] is not None else ""
     return (
-        f"the kill came between open() and the write of {f['path']}{saved}{place}: the "
-        f"checkpoint file itself, written straight onto its final path (a copy, or an open "
-        f"of it), exists empty (0 B) before its content, and the resumed run loaded it: "
-        f"{f['how']}"
+        f"{_killed_after_open(f)}: the checkpoint file itself, written straight onto its final "
+        f"path (a copy, or an open of it), exists empty (0 B) before its content, and the "
+        f"resumed run loaded it: {f['how']}"
     )
 
 

@@ -180,27 +180,16 @@ def test_a_resume_from_the_step_a_handler_saved_inside_is_judged_not_refused(tmp
     """The checkpoint the handler labelled step 5 is judged from step 5 on, not dismissed as
     a step where no checkpoint was saved."""
     run = run_of("resumed", range(6, 7), point=POINT, split=5)
-    row = judge_after_crash(
-        Row("step", "x", status="pending"),
-        launch(tmp_path),
-        REFERENCE,
-        run,
-        [2, 4],
-        COMPARATOR,
-        "pass",
-        saved=(4, 5),
-    )
+
+    def judged(saved=()):
+        row = Row("step", "x", status="pending")
+        return judge_after_crash(
+            row, launch(tmp_path), REFERENCE, run, [2, 4], COMPARATOR, "pass", saved=saved
+        )
+
+    row = judged(saved=(4, 5))
     assert row.resumed_from == 5 and "where no checkpoint was saved" not in row.why, row.why
-    row = judge_after_crash(
-        Row("step", "x", status="pending"),
-        launch(tmp_path),
-        REFERENCE,
-        run,
-        [2, 4],
-        COMPARATOR,
-        "pass",
-    )
-    assert row.why == "resumed from step 5, where no checkpoint was saved"
+    assert judged().why == "resumed from step 5, where no checkpoint was saved"
 
 
 def test_a_run_that_finished_before_the_sigterm_took_effect_has_nothing_left_to_resume(

@@ -30,7 +30,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from crashzoo import find, load_folder, save_atomic, saved_step, setup, train_step
+from crashzoo import find, load_folder, save_atomic, saved_step, setup, train_from, train_step
 
 SLOW = 5.0
 """Seconds the slow saver pauses between model.pt and optim.pt when it saves on SIGTERM."""
@@ -133,12 +133,7 @@ def train_checks_flag_each_epoch(ctx):
 def train_without_handler(ctx):
     rank, model, opt = setup(ctx)
     root, start = resume(ctx, model, opt)
-    for step in range(start + 1, ctx.steps + 1):
-        train_step(model, opt, step, rank)
-        if step in ctx.splits:
-            if rank == 0:
-                save_atomic(root, step, model, opt)
-            dist.barrier()
+    train_from(ctx, rank, model, opt, start, lambda step: save_atomic(root, step, model, opt))
     dist.destroy_process_group()
 
 
