@@ -34,7 +34,7 @@ def _writes(ev: Evidence) -> list[dict]:
     for rank in sorted(ev.res_sigs):
         _, res = ev.points(rank)
         path = ((res or {}).get("checkpoint") or {}).get("path")
-        if not path or not moved_on:
+        if not path or not moved_on or not _read_under(ev, rank, os.path.realpath(path)):
             continue
         path = os.path.realpath(path)
         writes = [
@@ -43,6 +43,17 @@ def _writes(ev: Evidence) -> list[dict]:
         found.append(_split_writes(writes, moved_on, ev.split, (res or {}).get("time_ns")))
         found[-1].update(rank=rank, path=path, writes=writes)
     return found
+
+
+def _read_under(ev: Evidence, rank: int, path: str) -> bool:
+    """Whether the resumed run's restore log on `rank` loaded a file at or under `path`: a
+    run given the checkpoint that never read it (it looked elsewhere, found nothing and
+    started over) loaded no save of it, however often the saving run wrote it."""
+    for entry in ev.restores(rank):
+        what = str(entry.get("what", ""))
+        if what.startswith("file ") and touches({"path": os.path.realpath(what[5:])}, path):
+            return True
+    return False
 
 
 def _split_writes(writes: list, moved_on: int, split: int, loaded_at: Optional[int]) -> dict:

@@ -70,6 +70,18 @@ def test_a_checkpoint_the_resumed_run_writes_back_into_or_rewritten_after_it_loa
         assert d.rule == "resume.stream.never-restored"
 
 
+@look_alike(REWRITTEN, wins="resume.stream.never-restored")
+def test_a_checkpoint_written_again_that_the_resumed_run_never_read_is_no_cause():
+    """A newcomer's Lightning trainer given the checkpoint but looking in a folder of its own:
+    it found nothing and started over; the saving run wrote `last.ckpt` again at every save
+    (a rolling path), yet the resumed run loaded none of it."""
+    rolling = [AT_SPLIT, saved("torch.save", 5, 300)]
+    elsewhere = restore("torch.load", "file /elsewhere/last.ckpt")
+    for loads in ([], [elsewhere]):
+        d = diagnosis(BASE, RES, loads, files=rolling)
+        assert d.rule == "resume.stream.never-restored", d.rule  # what differs, not the file
+
+
 # Another step's checkpoint loaded (issue 30, item 2)
 
 
