@@ -3,14 +3,13 @@ the rank wrote (rank/run_dir.py), torchrun's exit codes, and, for a hung rank, i
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import dataclass
 from typing import Optional
 
 from ..rank.run_dir import log_path, read_status, signature_path
-from ..signature import StepWatcher
+from ..signature import SignatureError, read_signature
 from .stacks import faulthandler_frames, py_spy_frames, summary
 
 
@@ -94,10 +93,14 @@ def aborted_after_its_work(run_dir: str, rank: int) -> str:
     except OSError:
         return ""
     said = next((m for m in ABORT_MARKS if m in text), None)
-    watcher = StepWatcher(run_dir, rank + 1)
-    watcher.refresh()
-    last, steps = watcher.last[rank], _planned_steps(signature_path(run_dir, rank))
-    if said is None or last is None or not steps or last < steps:
+    if said is None:
+        return ""
+    try:
+        signature = read_signature(signature_path(run_dir, rank))
+    except SignatureError:
+        return ""
+    steps, last = signature.header.get("steps"), max((s for s, _ in signature.steps), default=None)
+    if not isinstance(steps, int) or not steps or last is None or last < steps:
         return ""
     frames = faulthandler_frames(text)
     where = f" in {frames[0]}" if frames else ""
@@ -105,17 +108,6 @@ def aborted_after_its_work(run_dir: str, rank: int) -> str:
         f"recorded its last step ({last}), then aborted{where} (SIGABRT: {said!r}): a C++ "
         "thread torn down at exit, after the work was done and recorded, is not a failed launch"
     )
-
-
-def _planned_steps(path: str) -> int:
-    """The launch's last step, from the header of a rank's signature (0 when unreadable)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline())
-    except (OSError, ValueError):
-        return 0
-    steps = header.get("steps") if isinstance(header, dict) else None
-    return steps if isinstance(steps, int) else 0
 
 
 def rank_outcomes(

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from pytest_resume_equiv.launch.rank_exits import rank_outcomes
+from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION
 from pytest_resume_equiv.rank.run_dir import log_path, signature_path
 
 ABORT = (
@@ -22,7 +23,9 @@ def leave(run_dir, recorded, steps=4, stderr=ABORT):
     """Rank 0's signature (its header saying the launch's last step) and stderr, no status."""
     path = signature_path(str(run_dir), 0)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    lines = [{"rank": 0, "steps": steps}] + [{"step": s, "values": {}} for s in recorded]
+    header = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "rank": 0}
+    header.update(world_size=1, phase="resumed", pid=1, steps=steps)
+    lines = [header] + [{"step": s, "values": {}} for s in recorded]
     with open(path, "w") as f:
         f.write("".join(json.dumps(line) + "\n" for line in lines))
     log = log_path(str(run_dir), 0, "stderr")
