@@ -77,13 +77,18 @@ def parse_preload(raw: Any) -> tuple[str, ...]:
     return names
 
 
+def point_id_split(value: str) -> Optional[int]:
+    """The split a crash point's id names (`s4.torn1`: 4), or None for no such id."""
+    head, dot, _ = value.partition(".")
+    return int(head[1:]) if dot and head[:1] == "s" and head[1:].isdigit() else None
+
+
 def parse_crash_point(raw: Any) -> Optional[str]:
     """A crash point's id (`s4.torn1`: `checks.crash_points.CrashPoint.id`); empty: none."""
     value = str(raw).strip()
     if not value:
         return None
-    head = value.split(".", 1)[0]
-    if not (head[:1] == "s" and head[1:].isdigit() and "." in value):
+    if point_id_split(value) is None:
         raise ValueError(
             "expected a crash point's id as the report's rerun line names it, e.g. s4.torn1"
         )

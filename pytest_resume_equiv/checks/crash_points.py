@@ -21,6 +21,7 @@ from typing import Any, Optional, Union
 
 from ..compare.comparators import Run
 from ..errors import ResumeEquivError
+from ..option_values import point_id_split
 from ..rank.crasher import (
     AFTER_EVENT,
     RETURNED,
@@ -270,9 +271,8 @@ def _sampled(points: Points, count: int, draw: random.Random) -> Points:
 
 def point_split(wanted: str, splits: Sequence[int]) -> int:
     """The split a point id (`s4.torn1`) crashes, or a clear error."""
-    head = wanted.split(".", 1)[0]
-    split = int(head[1:]) if head[:1] == "s" and head[1:].isdigit() else None
-    if split not in splits:
+    split = point_id_split(wanted)
+    if split is None or split not in splits:
         raise ResumeEquivError(
             f"--resume-equiv-crash-point={wanted}: a point id starts with the split it crashes "
             f"(s<split>., e.g. s{splits[-1]}.event0), one of this test's splits "
