@@ -49,15 +49,6 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.line(f"{outcome.upper():8} {name}")
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto` on this suite: one worker more than the CPUs. Its end-to-end tests spend
-    about a quarter of their time waiting (process starts, rendezvous, the hang tests'
-    timeouts): with one worker per core, a clean clone's run on 2 cores kept them 77% busy
-    (15.9 min of CPU in 12.3 min)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cpus or 1) + 1
-
-
 def _seconds(item) -> float:
     marker = item.get_closest_marker("long")
     return marker.args[0] if marker else 0
