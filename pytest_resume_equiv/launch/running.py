@@ -160,8 +160,11 @@ def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
     KILL_WAIT seconds in all (what a kill leaves, the fork server or the parent-death signal
     ends with pytest)."""
     ranks = [pid for pid in read_pids(run_dir).values() if _is_our_rank(pid)]
-    for pgid in ranks:  # all at once: no rank outlives a peer long enough to report it gone
-        _signal_group(pgid, signal.SIGKILL)
+    # stopped first, then killed: a rank that saw its peer's socket close before its own
+    # SIGKILL came would report that error instead of where it was stuck at the timeout
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pgid in ranks:
+            _signal_group(pgid, sig)
     for proc in procs:
         kill_process(proc.pid)
     wait_exits(procs, KILL_WAIT)

@@ -58,6 +58,9 @@ facts = {
     "tempdir": tempfile.gettempdir(),
 }
 group = torch.distributed.group.WORLD
+# a rank that leaves as soon as its own side of the mesh is up closes a pair its peer may
+# still be connecting (gloo: "Connection closed by peer"): both pass a barrier first
+torch.distributed.barrier()
 torch.distributed.destroy_process_group()
 from pytest_resume_equiv.rank import forkserver
 facts["kept"] = [g is group for g in forkserver.KEPT_GROUPS]
@@ -223,11 +226,12 @@ def test_a_preload_that_poisons_fork_starts_every_launch_plainly_with_a_note(
     )
     result = launch(spec)
     assert result.ok, [result.tail(result.rank_log(r)) for r in range(2)]
+    servers = {"running": list(ForkServer.running), "refused": ForkServer.refused}
     assert result.note == (
         "started without the fork server: --resume-equiv-preload: importing 'poisons_fork' "
         "poisons fork for cuda (something asked the driver, e.g. torch.cuda.is_available()); "
         "a forked rank could not use the device: import it in the training code instead"
-    )
+    ), servers
     assert ForkServer.refused[("poisons_fork",)]  # the next launch does not try again
     assert ("poisons_fork",) not in ForkServer.running
 
