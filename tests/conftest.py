@@ -22,6 +22,19 @@ def pytest_configure(config):
     )
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Each test ends with the environment it started with. A library a test imports in this
+    process may set variables for good: `lightning` sets PYTORCH_NVML_BASED_CUDA_CHECK=1 at
+    import, which every later fork server and launch of the worker inherited (a fake CUDA's
+    `is_available()` then no longer poisoned fork, and a test of that failed in CI)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 def _mark_sessions(items) -> None:
     """Mark every test that starts a pytest session: the pytester fixture is how our tests
     start one, so the mark cannot drift from what a test does."""
