@@ -25,7 +25,7 @@ from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.launch_context import LaunchContext
 from .rank.timings import mark
-from .report.plot import plot_verdict
+from .report.plot import Picture, draw, picture_of
 from .report.records import RunRecord, TestRecord
 from .report.text import (
     format_launch_failure,
@@ -96,6 +96,7 @@ class ResumeEquiv:
         golden: Optional[GoldenTarget] = None,
         report_section: Callable[[str], None] = lambda text: None,
         progress: Optional[Callable[[str], None]] = None,
+        draw: Callable[[Picture], Optional[str]] = draw,
     ) -> None:
         self.settings = settings
         self.device = device
@@ -108,6 +109,8 @@ class ResumeEquiv:
         self.report_section = report_section
         self.progress = progress
         """Receives a line per launch event (pytest -v)."""
+        self.draw = draw
+        """Draws a failure's picture, or queues it (`report/drawer.py`): its path."""
         self.runs: list[RunRecord] = []
         self.outcome: Optional[Outcome] = None
         self.launching = False
@@ -258,7 +261,8 @@ class ResumeEquiv:
         directories kept)."""
         if self.root.keep == "none":
             return []
-        found = (plot_verdict(verdict, self.root.path) for verdict in outcome.verdicts)
+        pictures = (picture_of(verdict, self.root.path) for verdict in outcome.verdicts)
+        found = (self.draw(picture) for picture in pictures if picture is not None)
         return [path for path in found if path]
 
     def record(self, failed: bool) -> TestRecord:

@@ -149,26 +149,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _session(session.config).finish()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the fork server before collection when the options say this process will launch
+    (`_may_fork`): its imports (torch, `torch._dynamo`: seconds of CPU) then run beside
+    collection's own (a test module that imports torch), not after it."""
+    if _may_fork(session.config):
+        ForkServer.prestart(_session(session.config).settings["preload"])
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     _collected(session.config, session.items)
-    _prestart_fork_server(session)
+    _keep_fork_server(session)
 
 
-def _prestart_fork_server(session: pytest.Session) -> None:
-    """Start the fork server as soon as this process knows it will launch resume tests (some
-    are selected, on a device named outright, with the server on): its imports (torch,
-    `torch._dynamo`, seconds of CPU) then overlap pytest's own work before the first launch.
-    With `--resume-equiv-device=auto` the tests may all skip (no accelerator), and `--co`
-    launches nothing: the server starts on first use, as before."""
-    settings = _session(session.config).settings
-    if session.config.option.collectonly or settings.error or settings["fork_server"] != "on":
+def _may_fork(config: pytest.Config) -> bool:
+    """Whether this process may fork launches: resume tests run here (no `--co`, not the
+    pytest-xdist controller), on a device named outright (with `auto` they may all skip for
+    want of an accelerator), with the server on and a launcher that forks."""
+    settings = _session(config).settings
+    if config.option.collectonly or settings.error or settings["fork_server"] != "on":
+        return False
+    if getattr(config.option, "numprocesses", None) and not is_xdist_worker(config):
+        return False
+    return settings["device"] != "auto" and settings.launcher.can_fork
+
+
+def _keep_fork_server(session: pytest.Session) -> None:
+    """Once collected: keep the server when a selected resume test will launch (restarted if
+    a test module changed a variable torch reads at import), stop it when none will. A
+    server left to start on first use is found by `ForkServer.get` as before."""
+    if not _may_fork(session.config):
         return
-    if settings["device"] == "auto":
-        return
-    if not settings.launcher.can_fork:
-        return
+    preload = _session(session.config).settings["preload"]
     if any(_marker(item) is not None for item in session.items):
-        ForkServer.prestart(settings["preload"])
+        ForkServer.prestart(preload)
+    else:
+        ForkServer.stop_one(preload)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -350,6 +366,7 @@ def resume_equiv(
         golden=session.golden_for(node.nodeid, settings, device),
         report_section=lambda text: node.add_report_section("call", "resume-equiv", text),
         progress=_progress_writer(request.config),
+        draw=session.drawer.later,
     )
     session.launching[node.nodeid] = fixture
     yield fixture

@@ -27,6 +27,7 @@ from .golden.meta import session_token
 from .launch.devices import Device
 from .launch.keep_dir import SessionFolder, default_keep_dir, new_session_id, prune
 from .launch.share import SHARED_DIR, clean_shared, mark_kept
+from .report.drawer import Drawer
 from .report.records import TestRecord, report_json
 from .settings import SessionSettings, TestSettings, resolve_session
 
@@ -80,6 +81,8 @@ class ResumeEquivSession:
         directory could not be made: a read-only checkout), or None."""
         self.kept_in: Optional[str] = None
         """The session folder, when it holds kept run directories at the end."""
+        self.drawer = Drawer()
+        """Draws the failed tests' pictures beside the next tests (`report/drawer.py`)."""
 
     def _folder_path(self) -> str:
         given = getattr(self.config, "workerinput", {}).get(WORKER_FOLDER)
@@ -185,7 +188,12 @@ class ResumeEquivSession:
 
     def finish(self) -> None:
         """A worker hands everything to the controller; the controller (or a session without
-        xdist) removes the shared launches nobody keeps and writes the JSON report."""
+        xdist) removes the shared launches nobody keeps and writes the JSON report. Every
+        picture a failure named is drawn first."""
+        self.drawer.finish()
+        for failed in self.drawer.failed:
+            text = f"a failure's plot could not be drawn: {failed}"
+            warnings.warn(ResumeEquivWarning(text), stacklevel=2)
         if is_xdist_worker(self.config):
             output = self.config.workeroutput  # type: ignore[attr-defined]
             output[WORKER_RECORDS] = [to_json(r) for r in self.records]

@@ -151,11 +151,26 @@ class ForkServer:
     def prestart(cls, preload: tuple[str, ...]) -> None:
         """Start the server for `preload` without waiting for it: its imports (torch,
         `torch._dynamo`: seconds of CPU) overlap what pytest does before the first launch.
-        `get` waits for it; a server that cannot start is found there, as without this."""
-        if preload in cls.running or preload in cls.refused:
+        `get` waits for it; a server that cannot start is found there, as without this. One
+        already started is kept, unless the environment has since changed a variable read
+        when torch is imported: then a launch could not be forked from it, and it is
+        replaced."""
+        if preload in cls.refused:
             return
+        running = cls.running.get(preload)
+        if running is not None:
+            if not fork_refusal(running.env, server_env()):
+                return
+            cls.stop_one(preload)  # started before a test module set an import-time variable
         with contextlib.suppress(OSError):
             cls.running[preload] = ForkServer(preload, server_env(), wait=False)
+
+    @classmethod
+    def stop_one(cls, preload: tuple[str, ...]) -> None:
+        """Stop the server for `preload`, if one runs (no launch will use it)."""
+        server = cls.running.pop(preload, None)
+        if server is not None:
+            server.stop()
 
     @classmethod
     def stop_all(cls) -> None:
@@ -218,11 +233,12 @@ class ForkServer:
             self.owed -= 1
 
     def stop(self) -> None:
-        """Close its stdin: it kills what it forked that still runs, and leaves."""
+        """Close its stdin: it kills what it forked that still runs, and leaves. One still
+        importing has forked nothing and reads no stdin yet: it is killed at once."""
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-        if not wait_exits([self.proc], 10.0):
+        if not self.ready or not wait_exits([self.proc], 10.0):
             self.proc.kill()
             self.proc.wait()
         if self.proc.stdout is not None:

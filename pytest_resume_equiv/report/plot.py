@@ -5,9 +5,12 @@ matplotlib (the `plot` extra); without it there is simply no picture."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..checks import Verdict
@@ -20,11 +23,44 @@ MAX_SERIES = 6
 Run = dict[int, Signature]
 
 
+@dataclass(frozen=True)
+class Line:
+    points: tuple[tuple[float, float], ...]
+    style: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    lines: tuple[Line, ...]
+    mark: Optional[tuple[float, str]]
+    """A vertical line at x, with its label (the split, the first difference)."""
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A figure to draw: one panel per series, stacked, sharing the x axis's meaning."""
+
+    path: str
+    panels: tuple[Panel, ...]
+    xlabel: str
+    panel_height: float
+
+
 def plot_verdict(verdict: Verdict, directory: str) -> Optional[str]:
-    """The figure of a failed verdict, saved in `directory`: `plot-splitN.png` for a resume,
-    `plot-<variant launch>.png` for an equivalence test's variant; None when there is none
-    (no matplotlib, nothing to draw, or the verdict holds)."""
-    if verdict.signatures is None:
+    """The figure of a failed verdict, drawn now and saved in `directory` (`picture_of`):
+    its path, or None when there is none."""
+    picture = picture_of(verdict, directory)
+    return draw(picture) if picture is not None else None
+
+
+def picture_of(verdict: Verdict, directory: str) -> Optional[Picture]:
+    """What the figure of a failed verdict shows and where it goes, `plot-splitN.png` for a
+    resume, `plot-<variant launch>.png` for an equivalence test's variant; None when there is
+    none (no matplotlib, nothing to draw, or the verdict holds). Reading the signatures is
+    cheap; the drawing (`draw`) is what costs, and may come later."""
+    if verdict.signatures is None or not can_draw():
         return None
     reference, judged = verdict.signatures
     found = next((f for f in verdict.facts if isinstance(f, ConfigurationFacts)), None)
@@ -33,13 +69,22 @@ def plot_verdict(verdict: Verdict, directory: str) -> Optional[str]:
             return None
         path = os.path.join(directory, f"plot-{_file_name(verdict.launch or 'variant')}.png")
         first = found.differences[0].step if found.differences else None
-        return plot_configurations(reference, judged, path, first, verdict.label)
+        return configurations_picture(reference, judged, path, first, verdict.label)
     if verdict.equal or verdict.comparison is None:
         return None
     div = verdict.comparison.divergence
     rank = div.rank if div is not None else 0
     path = os.path.join(directory, f"plot-split{verdict.split}.png")
-    return plot_split(reference, judged, verdict.comparison.split, rank, path)
+    return split_picture(reference, judged, verdict.comparison.split, rank, path)
+
+
+@functools.cache
+def can_draw() -> bool:
+    """matplotlib is installed (the `plot` extra), found without importing it."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # sys.modules["matplotlib"] is None: blocked on purpose
+        return False
 
 
 def _file_name(name: str) -> str:
@@ -97,64 +142,45 @@ def _squared_norm(per_rank: list[dict]) -> Optional[float]:
     return sum(n * n for n in norms if n is not None)
 
 
-def plot_configurations(
+def configurations_picture(
     baseline: Run, variant: Run, path: str, first: Optional[int] = None, label: str = "variant"
-) -> Optional[str]:
-    """Save both configurations' trajectories (`trajectory`), the variant dashed over the
-    baseline, the first step that differs marked; returns the path, or None without
-    matplotlib or without anything to draw."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+) -> Optional[Picture]:
+    """Both configurations' trajectories (`trajectory`), the variant dashed over the
+    baseline, the first step that differs marked; None without anything to draw."""
     runs = (("baseline", "-o", trajectory(baseline)), (label, "--x", trajectory(variant)))
-    series = [key for key in (LOSS, PARAMS) if any(t[key] for _, _, t in runs)]
-    if not series:
-        return None
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), squeeze=False)
-    for ax, key in zip(axes[:, 0], series):
-        for name, style, found in runs:
-            if found[key]:
-                ax.plot(*zip(*sorted(found[key].items())), style, label=name, markersize=4)
-        if first is not None:
-            ax.axvline(first, color="grey", linestyle=":", label=f"first difference (step {first})")
-        ax.set_title(key, fontsize=9)
-        ax.legend(fontsize=7)
-    axes[-1, 0].set_xlabel("optimizer step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    mark = (first, f"first difference (step {first})") if first is not None else None
+    panels = tuple(
+        Panel(
+            key,
+            tuple(
+                Line(tuple(sorted(t[key].items())), style, name)
+                for name, style, t in runs
+                if t[key]
+            ),
+            mark,
+        )
+        for key in (LOSS, PARAMS)
+        if any(t[key] for _, _, t in runs)
+    )
+    return Picture(path, panels, "optimizer step", 2.4) if panels else None
 
 
-def plot_split(
+def split_picture(
     base: dict[int, Signature], resumed: dict[int, Signature], split: int, rank: int, path: str
-) -> Optional[str]:
-    """Save the figure for one split and rank; returns the path, or None without matplotlib or
-    without any scalar series."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+) -> Optional[Picture]:
+    """One split and rank: each recorded scalar (the first MAX_SERIES), uninterrupted against
+    resumed, the split marked; None without any scalar series."""
     if rank not in base or rank not in resumed:
         return None
     base_steps, res_steps = base[rank].by_step(), resumed[rank].by_step()
-    keys = []
+    keys: list[str] = []
     for values in base_steps.values():
         for key, value in values.items():
             if not is_audit_key(key) and key not in keys and scalar(value) is not None:
                 keys.append(key)
-    keys = keys[:MAX_SERIES]
-    if not keys:
-        return None
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.2 * len(keys)), squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
+    panels = []
+    for key in keys[:MAX_SERIES]:
+        lines = []
         for steps, label, style in (
             (base_steps, "uninterrupted", "-o"),
             (res_steps, "resumed", "--x"),
@@ -162,12 +188,29 @@ def plot_split(
             points = sorted((s, scalar(v.get(key))) for s, v in steps.items() if key in v)
             points = [(s, y) for s, y in points if y is not None]
             if points:
-                ax.plot(*zip(*points), style, label=label, markersize=4)
-        ax.axvline(split + 0.5, color="grey", linestyle=":", label=f"resumed after step {split}")
-        ax.set_title(f"{key} (rank {rank})", fontsize=9)
+                lines.append(Line(tuple(points), style, label))
+        mark = (split + 0.5, f"resumed after step {split}")
+        panels.append(Panel(f"{key} (rank {rank})", tuple(lines), mark))
+    return Picture(path, tuple(panels), "step", 2.2) if panels else None
+
+
+def draw(picture: Picture) -> Optional[str]:
+    """Draw and save `picture` (matplotlib's object API, no pyplot: no global figure state,
+    so a drawing thread of its own is safe); its path, or None without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(7, picture.panel_height * len(picture.panels)))
+    axes = fig.subplots(len(picture.panels), 1, squeeze=False)
+    for ax, panel in zip(axes[:, 0], picture.panels):
+        for line in panel.lines:
+            ax.plot(*zip(*line.points), line.style, label=line.label, markersize=4)
+        if panel.mark is not None:
+            ax.axvline(panel.mark[0], color="grey", linestyle=":", label=panel.mark[1])
+        ax.set_title(panel.title, fontsize=9)
         ax.legend(fontsize=7)
-    axes[-1, 0].set_xlabel("step")
+    axes[-1, 0].set_xlabel(picture.xlabel)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    fig.savefig(picture.path, dpi=80)
+    return picture.path

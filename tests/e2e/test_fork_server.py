@@ -271,13 +271,18 @@ def test_a_prestarted_server_serves_and_its_refusal_comes_at_first_use():
         ForkServer.stop_all()
 
 
-def test_the_server_is_prestarted_when_resume_tests_will_launch_and_only_then(
-    pytester, monkeypatch
-):
-    """At collection: a selected resume test on a device named outright starts the server;
-    `--co`, no selected resume test, `device=auto` or the server off do not."""
+def test_the_server_starts_before_collection_and_stays_only_for_resume_tests(pytester, monkeypatch):
+    """At the session's start, on a device named outright with the server on, the server
+    starts (its imports run beside collection's); once collected it stays when a selected
+    resume test will launch, and is stopped when none will. `--co`, `device=auto`, the
+    server off and the pytest-xdist controller start none."""
     calls = []
-    monkeypatch.setattr(ForkServer, "prestart", classmethod(lambda cls, p: calls.append(p)))
+    monkeypatch.setattr(
+        ForkServer, "prestart", classmethod(lambda cls, p: calls.append(("start", p)))
+    )
+    monkeypatch.setattr(
+        ForkServer, "stop_one", classmethod(lambda cls, p: calls.append(("stop", p)))
+    )
     pytester.makepyfile(
         test_marked="""
         from pytest_resume_equiv import resume_equivalent
@@ -291,12 +296,37 @@ def test_the_server_is_prestarted_when_resume_tests_will_launch_and_only_then(
         """
     )
     cpu = "--resume-equiv-device=cpu"
-    for args in (
-        [cpu, "--co"],
-        [cpu, "-k", "plain"],
-        ["--resume-equiv-device=auto"],
-        [cpu, "--resume-equiv-fork-server=off", "-k", "plain or marked"],
-        [cpu, "--resume-equiv-preload=json", "-k", "marked"],
-    ):
+    runs = (
+        ([cpu, "--co"], []),
+        ([cpu, "-k", "plain"], [("start", ()), ("stop", ())]),
+        (["--resume-equiv-device=auto"], []),
+        ([cpu, "--resume-equiv-fork-server=off", "-k", "plain or marked"], []),
+        ([cpu, "--resume-equiv-preload=json", "-k", "marked"], [("start", ("json",))] * 2),
+        ([cpu, "-n", "1", "-k", "marked"], []),  # the controller; its worker is a subprocess
+    )
+    for args, expected in runs:
+        calls.clear()
         pytester.runpytest_inprocess(*args)
-    assert calls == [("json",)]
+        assert calls == expected, args
+
+
+def test_a_server_started_before_a_module_changed_an_import_time_variable_is_replaced(
+    monkeypatch,
+):
+    """A test module may set such a variable when it is imported, after the session's start:
+    a launch could not be forked from the server started before it, so collection's end
+    replaces it."""
+    try:
+        ForkServer.prestart(())
+        first = ForkServer.running[()]
+        ForkServer.prestart(())
+        assert ForkServer.running[()] is first  # nothing changed: kept
+        monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+        ForkServer.prestart(())
+        second = ForkServer.running[()]
+        assert second is not first and first.proc.poll() is not None
+        assert second.env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+        ForkServer.stop_one(())
+        assert () not in ForkServer.running and second.proc.poll() is not None
+    finally:
+        ForkServer.stop_all()
