@@ -25,7 +25,8 @@ from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.launch_context import LaunchContext
 from .rank.timings import mark
-from .report.plot import Picture, draw, picture_of
+from .report.picture import Picture, draw
+from .report.plot import picture_of
 from .report.records import RunRecord, TestRecord
 from .report.text import (
     format_launch_failure,

@@ -113,7 +113,7 @@ class ForkServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_pytest,
+            preexec_fn=die_with_pytest,
         )
         if wait:
             self.wait_ready()
@@ -253,7 +253,8 @@ def kill_process(pid: int) -> None:
             kill(pid, signal.SIGKILL)
 
 
-def _die_with_pytest() -> None:
+def die_with_pytest() -> None:
+    """Started processes get SIGKILL when pytest dies (Linux: PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         _parent_death_signal(9)
 

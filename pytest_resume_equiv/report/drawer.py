@@ -1,53 +1,81 @@
-"""Failed tests' pictures, drawn in a thread of their own.
+"""Failed tests' pictures, drawn by a process of their own.
 
 matplotlib (its import in the first failing test, then a figure per failed split) was most
-of the 1.7 s that the reports of 10 failing cases took in a 15-case session of 11.8 s
-(docs/performance.md), on the items' path, with no launch running meanwhile. The failure text
-names the picture's path at once; the drawing runs beside the next tests' launches (processes
-of their own, waited for without the GIL), and the session waits for the last picture before
-it ends, so every path a failure named exists once pytest has finished.
+of the 1.46 s that the reports of 10 failing cases took in a 15-case session of 10.3 s
+(docs/performance.md), on the items' path, with no launch running meanwhile. Drawn in a
+thread of pytest's process instead, it took the GIL from the waits on launches: 0.4 s more
+between items. So the failure text names the picture's path at once, a drawing process
+(`picture.py`, started at the first picture, dying with pytest) draws it beside the next
+tests' launches, and the session waits for it before it ends: every path a failure named
+exists once pytest has finished.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import contextlib
+import os
+import subprocess
+import sys
 from typing import Optional
 
-from .plot import Picture, draw
+from ..launch.forked import die_with_pytest
+from ..launch.waiting import wait_exits
+from .picture import Picture, draw
+
+DRAWER = "pytest_resume_equiv.report.picture"
+FINISH_WAIT = 300.0
+"""Seconds the end of the session waits for the pictures still to draw."""
 
 
 class Drawer:
-    """One thread, started at the first picture, drawing them in order."""
+    """The session's drawing process, started at the first picture."""
 
     def __init__(self) -> None:
-        self._pictures: queue.Queue[Optional[Picture]] = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
+        self._proc: Optional[subprocess.Popen] = None
         self.failed: list[str] = []
         """`path: error` of each picture that could not be drawn."""
 
-    def later(self, picture: Picture) -> str:
-        """Queue `picture`; its path, where it will be once `finish` has returned."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="resume-equiv-plots")
-            self._thread.daemon = True  # Ctrl-C: pytest's exit does not wait for a picture
-            self._thread.start()
-        self._pictures.put(picture)
+    def later(self, picture: Picture) -> Optional[str]:
+        """Hand `picture` to the drawing process; its path, where it will be once `finish`
+        has returned. Without a process (it could not start, or it died) it is drawn now."""
+        picture = Picture(
+            os.path.abspath(picture.path), picture.panels, picture.xlabel, picture.panel_height
+        )
+        try:
+            proc = self._process()
+            assert proc.stdin is not None
+            proc.stdin.write(picture.to_json().encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            return draw(picture)
         return picture.path
 
-    def finish(self) -> None:
-        """Wait until every queued picture is drawn (the thread then ends)."""
-        if self._thread is not None:
-            self._pictures.put(None)
-            self._thread.join()
-            self._thread = None
+    def _process(self) -> subprocess.Popen:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", DRAWER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_pytest,
+            )
+        return self._proc
 
-    def _run(self) -> None:
-        while True:
-            picture = self._pictures.get()
-            if picture is None:
-                return
-            try:
-                draw(picture)
-            except Exception as exc:  # noqa: BLE001 - a picture never fails a session
-                self.failed.append(f"{picture.path}: {type(exc).__name__}: {exc}")
+    def finish(self) -> None:
+        """Wait until every picture handed over is drawn; the process then leaves."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        if not wait_exits([proc], FINISH_WAIT):
+            proc.kill()
+            self.failed.append(f"the drawing process did not finish in {FINISH_WAIT:.0f}s")
+        proc.wait()
+        if proc.stdout is not None:
+            said = proc.stdout.read().decode(errors="replace").splitlines()
+            proc.stdout.close()
+            self.failed.extend(line for line in said if line.strip())
+        if proc.returncode not in (0, None) and not self.failed:
+            self.failed.append(f"the drawing process ended with exit status {proc.returncode}")

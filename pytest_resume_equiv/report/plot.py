@@ -10,7 +10,6 @@ import importlib.util
 import math
 import os
 import re
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..checks import Verdict
@@ -18,34 +17,10 @@ from ..compare.configurations import ConfigurationFacts
 from ..rank.encode import decode_float
 from ..rank.layout import AUTO, WATCH, audit_key, is_audit_key, section_of, watched
 from ..signature import Signature, scalar
+from .picture import Line, Panel, Picture, draw
 
 MAX_SERIES = 6
 Run = dict[int, Signature]
-
-
-@dataclass(frozen=True)
-class Line:
-    points: tuple[tuple[float, float], ...]
-    style: str
-    label: str
-
-
-@dataclass(frozen=True)
-class Panel:
-    title: str
-    lines: tuple[Line, ...]
-    mark: Optional[tuple[float, str]]
-    """A vertical line at x, with its label (the split, the first difference)."""
-
-
-@dataclass(frozen=True)
-class Picture:
-    """A figure to draw: one panel per series, stacked, sharing the x axis's meaning."""
-
-    path: str
-    panels: tuple[Panel, ...]
-    xlabel: str
-    panel_height: float
 
 
 def plot_verdict(verdict: Verdict, directory: str) -> Optional[str]:
@@ -192,25 +167,3 @@ def split_picture(
         mark = (split + 0.5, f"resumed after step {split}")
         panels.append(Panel(f"{key} (rank {rank})", tuple(lines), mark))
     return Picture(path, tuple(panels), "step", 2.2) if panels else None
-
-
-def draw(picture: Picture) -> Optional[str]:
-    """Draw and save `picture` (matplotlib's object API, no pyplot: no global figure state,
-    so a drawing thread of its own is safe); its path, or None without matplotlib."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    fig = Figure(figsize=(7, picture.panel_height * len(picture.panels)))
-    axes = fig.subplots(len(picture.panels), 1, squeeze=False)
-    for ax, panel in zip(axes[:, 0], picture.panels):
-        for line in panel.lines:
-            ax.plot(*zip(*line.points), line.style, label=line.label, markersize=4)
-        if panel.mark is not None:
-            ax.axvline(panel.mark[0], color="grey", linestyle=":", label=panel.mark[1])
-        ax.set_title(panel.title, fontsize=9)
-        ax.legend(fontsize=7)
-    axes[-1, 0].set_xlabel(picture.xlabel)
-    fig.tight_layout()
-    fig.savefig(picture.path, dpi=80)
-    return picture.path
