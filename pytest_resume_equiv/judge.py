@@ -135,6 +135,14 @@ class Judge:
             return
         self.outcome.launches.append(result)
         self._results[planned.name] = result
+        if planned.kill_after and result.ok and not result.killed_after_step:
+            self.warn(
+                f"the {planned.name} launch ran to its end before the SIGKILL planned once "
+                f"every rank had recorded step {planned.kill_after} could land (interrupt="
+                "'kill': the host looks every 20 ms, and the training outran it): its resume "
+                "loads what a finished run left, so this split tested no kill; give the steps "
+                "after the split more work, or more steps"
+            )
         if not result.ok and not result.killed_after_step and not planned.may_fail:
             source = planned.source
             killed = self._results.get(source.name) if source is not None else None

@@ -184,6 +184,25 @@ def test_a_failed_launch_is_launch_failed_with_its_role_and_cause(tmp_path):
     assert "SIGKILLed once every rank had recorded step 4" in info.value.note
 
 
+def test_a_kill_that_came_after_the_launch_ended_is_warned_about(tmp_path):
+    """A fast trainer can finish all its steps between two looks of the host: its split then
+    tested no kill, which the report must say (a CI run of a zoo trainer met it)."""
+    judge, plan, _ = judge_for(tmp_path, interrupt="kill")
+    (first,) = plan.by_role("interrupted")
+    os.makedirs(plan.by_role("resumed")[0].checkpoint, exist_ok=True)
+    judge.on_exit(FakeJob(first), result_of(first, ok=True, killed_after_step=0))
+    (warning,) = judge.outcome.warnings
+    assert warning.startswith(
+        f"the {first.name} launch ran to its end before the SIGKILL planned once every rank "
+        f"had recorded step {first.kill_after} could land"
+    )
+    killed_in_time, plan2, _ = judge_for(tmp_path / "b", interrupt="kill")
+    (first2,) = plan2.by_role("interrupted")
+    os.makedirs(plan2.by_role("resumed")[0].checkpoint, exist_ok=True)
+    killed_in_time.on_exit(FakeJob(first2), result_of(first2, ok=False, killed_after_step=4))
+    assert killed_in_time.outcome.warnings == []
+
+
 class FakeJob:
     def __init__(self, planned):
         self.planned = planned
