@@ -153,8 +153,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Start the fork server before collection when the options say this process will launch
     (`_may_fork`): its imports (torch, `torch._dynamo`: seconds of CPU) then run beside
     collection's own (a test module that imports torch), not after it."""
-    if _may_fork(session.config):
-        ForkServer.prestart(_session(session.config).settings["preload"])
+    settings = _session(session.config).settings
+    if _may_fork(session.config) and not settings["preload"]:
+        # preload modules wait for collection's end: a conftest or test module may set what
+        # they read at import (HF_HUB_OFFLINE, say), which no variable list can know
+        ForkServer.prestart(())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -169,19 +172,20 @@ def _may_fork(config: pytest.Config) -> bool:
     settings = _session(config).settings
     if config.option.collectonly or settings.error or settings["fork_server"] != "on":
         return False
-    if getattr(config.option, "numprocesses", None) and not is_xdist_worker(config):
+    if config.pluginmanager.hasplugin("dsession"):  # the pytest-xdist controller
         return False
     return settings["device"] != "auto" and settings.launcher.can_fork
 
 
 def _keep_fork_server(session: pytest.Session) -> None:
-    """Once collected: keep the server when a selected resume test will launch (restarted if
-    a test module changed a variable torch reads at import), stop it when none will. A
-    server left to start on first use is found by `ForkServer.get` as before."""
+    """Once collected: keep the server when a selected test will launch (a resume test, or
+    one using the `torchrun` fixture; restarted if a test module changed a variable torch
+    reads at import), stop it when none will. A server left to start on first use is found
+    by `ForkServer.get` as before."""
     if not _may_fork(session.config):
         return
     preload = _session(session.config).settings["preload"]
-    if any(_marker(item) is not None for item in session.items):
+    if any(_marker(item) is not None or "torchrun" in item.fixturenames for item in session.items):
         ForkServer.prestart(preload)
     else:
         ForkServer.stop_one(preload)

@@ -187,13 +187,18 @@ class ResumeEquivSession:
         self.collected |= set(output.get(WORKER_COLLECTED, []))
 
     def finish(self) -> None:
-        """A worker hands everything to the controller; the controller (or a session without
-        xdist) removes the shared launches nobody keeps and writes the JSON report. Every
-        picture a failure named is drawn first."""
+        """Every picture a failure named is drawn, then the session is handed over."""
         self.drawer.finish()
-        for failed in self.drawer.failed:
-            text = f"a failure's plot could not be drawn: {failed}"
-            warnings.warn(ResumeEquivWarning(text), stacklevel=2)
+        try:
+            self._hand_over()
+        finally:  # warned last: under `-W error` a warning raises here
+            for failed in self.drawer.failed:
+                text = f"a failure's plot could not be drawn: {failed}"
+                warnings.warn(ResumeEquivWarning(text), stacklevel=2)
+
+    def _hand_over(self) -> None:
+        """A worker hands everything to the controller; the controller (or a session without
+        xdist) removes the shared launches nobody keeps and writes the JSON report."""
         if is_xdist_worker(self.config):
             output = self.config.workeroutput  # type: ignore[attr-defined]
             output[WORKER_RECORDS] = [to_json(r) for r in self.records]

@@ -30,9 +30,11 @@ def _environment_as_it_was():
     `is_available()` then no longer poisoned fork, and a test of that failed in CI)."""
     before = dict(os.environ)
     yield
-    if os.environ != before:
-        os.environ.clear()
-        os.environ.update(before)
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _mark_sessions(items) -> None:

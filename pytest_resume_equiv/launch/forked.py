@@ -1,7 +1,8 @@
 """Local launches forked from a per-session server that has imported torch already.
 
-One `ForkServer` per pytest process (each pytest-xdist worker has its own), started on the
-first forked launch and stopped at the end of the session; it also leaves by itself when
+One `ForkServer` per pytest process (each pytest-xdist worker has its own), started with
+the session when the options say it will fork launches (else on the first forked launch;
+plugin.py) and stopped at the end of the session; it also leaves by itself when
 pytest dies (its stdin closes; PR_SET_PDEATHSIG). `Forked` is the agents of a launch that
 it forks: one rank per started process, each given the variables torchrun gives a worker,
 rank 0 holding the rendezvous store as in a one-rank launch. `ForkedRank` is the

@@ -162,9 +162,12 @@ def kill_all(procs: Sequence[subprocess.Popen], run_dir: str) -> None:
     ranks = [pid for pid in read_pids(run_dir).values() if _is_our_rank(pid)]
     # stopped first, then killed: a rank that saw its peer's socket close before its own
     # SIGKILL came would report that error instead of where it was stuck at the timeout
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
+    try:
         for pgid in ranks:
-            _signal_group(pgid, sig)
+            _signal_group(pgid, signal.SIGSTOP)
+    finally:  # an interrupt between the two leaves no rank stopped forever
+        for pgid in ranks:
+            _signal_group(pgid, signal.SIGKILL)
     for proc in procs:
         kill_process(proc.pid)
     wait_exits(procs, KILL_WAIT)

@@ -16,11 +16,12 @@ import contextlib
 import os
 import subprocess
 import sys
-from typing import Optional
+import tempfile
+from typing import IO, Optional
 
 from ..launch.forked import die_with_pytest
 from ..launch.waiting import wait_exits
-from .picture import Picture, draw
+from .picture import END, Picture, draw
 
 DRAWER = "pytest_resume_equiv.report.picture"
 FINISH_WAIT = 300.0
@@ -32,6 +33,7 @@ class Drawer:
 
     def __init__(self) -> None:
         self._proc: Optional[subprocess.Popen] = None
+        self._said: Optional[IO[bytes]] = None
         self.failed: list[str] = []
         """`path: error` of each picture that could not be drawn."""
 
@@ -51,12 +53,17 @@ class Drawer:
         return picture.path
 
     def _process(self) -> subprocess.Popen:
+        """The drawing process: a session of its own (Ctrl-C is pytest's, which then still
+        waits for the pictures it named), what it cannot draw said in a file (a pipe nobody
+        reads until the end could fill and stop it)."""
         if self._proc is None:
+            self._said = tempfile.TemporaryFile()
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", DRAWER],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdout=self._said,
                 stderr=subprocess.DEVNULL,
+                start_new_session=True,
                 preexec_fn=die_with_pytest,
             )
         return self._proc
@@ -68,14 +75,17 @@ class Drawer:
             return
         with contextlib.suppress(OSError):
             if proc.stdin is not None:
+                proc.stdin.write(END.encode())
                 proc.stdin.close()
         if not wait_exits([proc], FINISH_WAIT):
             proc.kill()
             self.failed.append(f"the drawing process did not finish in {FINISH_WAIT:.0f}s")
         proc.wait()
-        if proc.stdout is not None:
-            said = proc.stdout.read().decode(errors="replace").splitlines()
-            proc.stdout.close()
+        if self._said is not None:
+            self._said.seek(0)
+            said = self._said.read().decode(errors="replace").splitlines()
+            self._said.close()
+            self._said = None
             self.failed.extend(line for line in said if line.strip())
         if proc.returncode not in (0, None) and not self.failed:
             self.failed.append(f"the drawing process ended with exit status {proc.returncode}")

@@ -4,13 +4,14 @@ What a plot shows is read from the signatures on the plugin's side (`plot.py`); 
 matplotlib's work, done in a process of its own (`drawer.py`) so that it never holds the GIL
 of the pytest process that waits on launches. `python -m pytest_resume_equiv.report.picture`
 reads one picture per line (JSON) on stdin, draws each, writes a line for each one it could
-not draw on stdout, and leaves when stdin closes. It imports only the standard library and
+not draw on stdout (a file), and leaves at an empty line or when stdin closes. It imports only the standard library and
 matplotlib.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -82,15 +83,25 @@ def draw(picture: Picture) -> Optional[str]:
     return picture.path
 
 
+END = "\n"
+"""The line that ends the drawing: EOF alone may never come (a child forked from pytest
+holds the pipe's write end too)."""
+
+
 def main() -> None:
     for text in sys.stdin:
+        if text == END:
+            return
         try:
             picture = Picture.from_json(text)
         except (ValueError, KeyError, TypeError) as exc:
             print(f"a picture that is not one: {exc}", flush=True)
             continue
+        if not os.path.isdir(os.path.dirname(picture.path)):
+            continue  # its run directory was not kept (a test that ended passing, xfail)
         try:
-            draw(picture)
+            if draw(picture) is None:
+                print(f"{picture.path}: matplotlib cannot be imported here", flush=True)
         except Exception as exc:  # noqa: BLE001 - said to pytest, which warns
             print(f"{picture.path}: {type(exc).__name__}: {exc}", flush=True)
 

@@ -274,8 +274,8 @@ def test_a_prestarted_server_serves_and_its_refusal_comes_at_first_use():
 def test_the_server_starts_before_collection_and_stays_only_for_resume_tests(pytester, monkeypatch):
     """At the session's start, on a device named outright with the server on, the server
     starts (its imports run beside collection's); once collected it stays when a selected
-    resume test will launch, and is stopped when none will. `--co`, `device=auto`, the
-    server off and the pytest-xdist controller start none."""
+    test will launch (a resume test, or one using `torchrun`), and is stopped when none will.
+    `--co`, `device=auto`, the server off and the pytest-xdist controller start none."""
     calls = []
     monkeypatch.setattr(
         ForkServer, "prestart", classmethod(lambda cls, p: calls.append(("start", p)))
@@ -293,6 +293,9 @@ def test_the_server_starts_before_collection_and_stays_only_for_resume_tests(pyt
 
         def test_plain():
             pass
+
+        def test_uses_torchrun(torchrun):
+            pass
         """
     )
     cpu = "--resume-equiv-device=cpu"
@@ -301,7 +304,9 @@ def test_the_server_starts_before_collection_and_stays_only_for_resume_tests(pyt
         ([cpu, "-k", "plain"], [("start", ()), ("stop", ())]),
         (["--resume-equiv-device=auto"], []),
         ([cpu, "--resume-equiv-fork-server=off", "-k", "plain or marked"], []),
-        ([cpu, "--resume-equiv-preload=json", "-k", "marked"], [("start", ("json",))] * 2),
+        # preload modules wait for collection's end (a conftest may set what they read)
+        ([cpu, "--resume-equiv-preload=json", "-k", "marked"], [("start", ("json",))]),
+        ([cpu, "-k", "uses_torchrun"], [("start", ())] * 2),  # the fixture launches too
         ([cpu, "-n", "1", "-k", "marked"], []),  # the controller; its worker is a subprocess
     )
     for args, expected in runs:

@@ -39,15 +39,16 @@ def test_every_picture_handed_over_is_drawn_by_finish_and_the_process_is_gone(tm
 
 def test_a_picture_that_cannot_be_drawn_is_named_and_the_others_still_are(tmp_path):
     pytest.importorskip("matplotlib")
+    (tmp_path / "plot-split2.png").mkdir()  # a folder where the picture goes
     drawer = Drawer()
-    drawer.later(_picture(tmp_path / "gone" / "plot-split2.png"))  # no such folder
+    drawer.later(_picture(tmp_path / "plot-split2.png"))
+    drawer.later(_picture(tmp_path / "gone" / "plot-split4.png"))  # its folder was not kept
     drawer.later(_picture(tmp_path / "plot-split3.png"))
     drawer.finish()
     assert len(drawer.failed) == 1
-    assert drawer.failed[0].startswith(
-        f"{tmp_path / 'gone' / 'plot-split2.png'}: FileNotFoundError"
-    )
+    assert drawer.failed[0].startswith(f"{tmp_path / 'plot-split2.png'}: IsADirectoryError")
     assert (tmp_path / "plot-split3.png").read_bytes()[:8] == PNG
+    assert not (tmp_path / "gone").exists()
 
 
 def test_a_drawing_process_that_dies_is_said_and_a_later_picture_is_drawn_here(
