@@ -135,7 +135,15 @@ class Judge:
             return
         self.outcome.launches.append(result)
         self._results[planned.name] = result
-        if planned.kill_after and result.ok and not result.killed_after_step:
+        steps = planned.spec.context.steps
+        if planned.kill_after and planned.kill_after >= steps:
+            self.warn(
+                f"interrupt='kill' SIGKILLs the {planned.name} launch once every rank has "
+                f"recorded step {planned.kill_after}, its last (steps={steps}): the kill cuts "
+                "no training, so this split tests no kill; give the run at least split + 2 "
+                "steps"
+            )
+        elif planned.kill_after and result.ok and not result.killed_after_step:
             self.warn(
                 f"the {planned.name} launch ran to its end before the SIGKILL planned once "
                 f"every rank had recorded step {planned.kill_after} could land (interrupt="

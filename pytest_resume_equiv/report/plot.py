@@ -143,8 +143,9 @@ def configurations_picture(
 def split_picture(
     base: dict[int, Signature], resumed: dict[int, Signature], split: int, rank: int, path: str
 ) -> Optional[Picture]:
-    """One split and rank: each recorded scalar (the first MAX_SERIES), uninterrupted against
-    resumed, the split marked; None without any scalar series."""
+    """One split and rank: each recorded scalar (the first MAX_SERIES), then the loss given to
+    `backward()` as recorded automatically (a trainer with no `record` call has only that),
+    uninterrupted against resumed, the split marked; None without any series."""
     if rank not in base or rank not in resumed:
         return None
     base_steps, res_steps = base[rank].by_step(), resumed[rank].by_step()
@@ -153,6 +154,8 @@ def split_picture(
         for key, value in values.items():
             if not is_audit_key(key) and key not in keys and scalar(value) is not None:
                 keys.append(key)
+    if any(_step_value(values, LOSS_KEY) is not None for values in base_steps.values()):
+        keys.append(LOSS_KEY)
     panels = []
     for key in keys[:MAX_SERIES]:
         lines = []
@@ -160,10 +163,26 @@ def split_picture(
             (base_steps, "uninterrupted", "-o"),
             (res_steps, "resumed", "--x"),
         ):
-            points = sorted((s, scalar(v.get(key))) for s, v in steps.items() if key in v)
+            points = sorted((s, _step_value(v, key)) for s, v in steps.items() if key in v)
             points = [(s, y) for s, y in points if y is not None]
             if points:
                 lines.append(Line(tuple(points), style, label))
         mark = (split + 0.5, f"resumed after step {split}")
-        panels.append(Panel(f"{key} (rank {rank})", tuple(lines), mark))
+        title = AUTO_LOSS if key == LOSS_KEY else key
+        panels.append(Panel(f"{title} (rank {rank})", tuple(lines), mark))
     return Picture(path, tuple(panels), "step", 2.2) if panels else None
+
+
+AUTO_LOSS = "loss given to backward() in the step, summed (recorded automatically)"
+
+
+def _step_value(values: dict[str, Any], key: str) -> Optional[float]:
+    """A step's value of `key` as one number: the automatic loss is a list (one per
+    `backward()` of the step), summed; a recorded scalar is itself."""
+    value = values.get(key)
+    if key != LOSS_KEY:
+        return scalar(value)
+    if not isinstance(value, list):
+        return None
+    numbers = [scalar(v) for v in value]
+    return sum(n for n in numbers if n is not None) if numbers else None

@@ -196,6 +196,12 @@ def test_a_kill_that_came_after_the_launch_ended_is_warned_about(tmp_path):
         f"the {first.name} launch ran to its end before the SIGKILL planned once every rank "
         f"had recorded step {first.kill_after} could land"
     )
+    last, plan3, _ = judge_for(tmp_path / "c", interrupt="kill", steps=4, split=3)
+    (first3,) = plan3.by_role("interrupted")
+    os.makedirs(plan3.by_role("resumed")[0].checkpoint, exist_ok=True)
+    last.on_exit(FakeJob(first3), result_of(first3, ok=False, killed_after_step=4))
+    (warning,) = last.outcome.warnings  # killed, but after the run's last step
+    assert "once every rank has recorded step 4, its last (steps=4)" in warning
     killed_in_time, plan2, _ = judge_for(tmp_path / "b", interrupt="kill")
     (first2,) = plan2.by_role("interrupted")
     os.makedirs(plan2.by_role("resumed")[0].checkpoint, exist_ok=True)
