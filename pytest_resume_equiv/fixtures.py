@@ -25,7 +25,7 @@ from .launch.targets import Command, target_of
 from .plan import DEFAULT_CHECKPOINT, DEFAULT_SEED, RunRequest
 from .rank.launch_context import LaunchContext
 from .rank.timings import mark
-from .report.picture import Picture, draw
+from .report.picture import Picture
 from .report.plot import picture_of
 from .report.records import RunRecord, TestRecord
 from .report.text import (
@@ -61,10 +61,13 @@ class RunRoot:
             return "removed after the test: --resume-equiv-keep=none"
         return f"kept: --resume-equiv-keep={self.keep}"
 
+    def keeps(self, failed: bool) -> bool:
+        """Whether the directory stays after a test that `failed` (or not)."""
+        return self.keep == "all" or (self.keep == "failed" and failed)
+
     def finish(self, failed: bool) -> None:
-        if self.keep == "all" or (self.keep == "failed" and failed):
-            return
-        shutil.rmtree(self.path, ignore_errors=True)
+        if not self.keeps(failed):
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _shutdown_deaths(results: list[LaunchResult], strict: bool, stacklevel: int) -> str:
@@ -97,7 +100,6 @@ class ResumeEquiv:
         golden: Optional[GoldenTarget] = None,
         report_section: Callable[[str], None] = lambda text: None,
         progress: Optional[Callable[[str], None]] = None,
-        draw: Callable[[Picture], Optional[str]] = draw,
     ) -> None:
         self.settings = settings
         self.device = device
@@ -110,8 +112,10 @@ class ResumeEquiv:
         self.report_section = report_section
         self.progress = progress
         """Receives a line per launch event (pytest -v)."""
-        self.draw = draw
-        """Draws a failure's picture, or queues it (`report/drawer.py`): its path."""
+        self.pictures: list[Picture] = []
+        """The failures' pictures, named in their texts, drawn once the test is over if its
+        run directories are kept (`report/drawer.py`): a test that expected the failure
+        passes, and its directories go."""
         self.runs: list[RunRecord] = []
         self.outcome: Optional[Outcome] = None
         self.launching = False
@@ -263,8 +267,9 @@ class ResumeEquiv:
         if self.root.keep == "none":
             return []
         pictures = (picture_of(verdict, self.root.path) for verdict in outcome.verdicts)
-        found = (self.draw(picture) for picture in pictures if picture is not None)
-        return [path for path in found if path]
+        found = [picture for picture in pictures if picture is not None]
+        self.pictures.extend(found)
+        return [picture.path for picture in found]
 
     def record(self, failed: bool) -> TestRecord:
         """This test's record for the summary table and the JSON report."""

@@ -370,13 +370,15 @@ def resume_equiv(
         golden=session.golden_for(node.nodeid, settings, device),
         report_section=lambda text: node.add_report_section("call", "resume-equiv", text),
         progress=_progress_writer(request.config),
-        draw=session.drawer.later,
     )
     session.launching[node.nodeid] = fixture
     yield fixture
     failed = node.stash.get(FAILED_KEY, False)
     record = session.test_done(fixture, failed)
     node.user_properties.extend(record.junit_properties())  # JUnit XML
+    if root.keeps(failed or fixture.launching):
+        for picture in fixture.pictures:
+            session.drawer.later(picture)
     root.finish(failed or fixture.launching)
 
 

@@ -4,10 +4,11 @@ matplotlib (its import in the first failing test, then a figure per failed split
 of the 1.46 s that the reports of 10 failing cases took in a 15-case session of 10.3 s
 (docs/performance.md), on the items' path, with no launch running meanwhile. Drawn in a
 thread of pytest's process instead, it took the GIL from the waits on launches: 0.4 s more
-between items. So the failure text names the picture's path at once, a drawing process
-(`picture.py`, started at the first picture, dying with pytest) draws it beside the next
-tests' launches, and the session waits for it before it ends: every path a failure named
-exists once pytest has finished.
+between items. So the failure text names the picture's path at once; once the test is over
+and its run directories stay (a test that expected the failure passes, and its directories
+go), a drawing process (`picture.py`, started at the first picture, dying with pytest) draws
+it beside the next tests' launches, and the session waits for it before it ends: every path
+a failed test named exists once pytest has finished.
 """
 
 from __future__ import annotations

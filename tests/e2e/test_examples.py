@@ -28,6 +28,24 @@ def test_minimal_example(pytester):
     assert "pytest_resume_equiv" not in (EXAMPLES / "minimal" / "train.py").read_text()
 
 
+@pytest.mark.long(30)
+def test_pictures_are_drawn_only_where_the_run_directories_stay(pytester, monkeypatch):
+    """The caught bug's test passes, so its run directories go at teardown: its picture must
+    not be drawn (drawn later into a removed folder, it failed with FileNotFoundError)."""
+    from pytest_resume_equiv.report.drawer import Drawer
+
+    handed = []
+    monkeypatch.setattr(Drawer, "later", lambda self, picture: handed.append(picture.path))
+    shutil.copytree(EXAMPLES / "minimal", pytester.path / "minimal")
+    caught = (pytester.path / "minimal" / "test_minimal_caught_bug.py").read_text()
+    failing = caught.replace("test_forgotten_cpu_rng_is_caught", "test_plainly_failing")
+    failing = failing.replace("with pytest.raises(pytest.fail.Exception) as caught:", "if True:")
+    (pytester.path / "minimal" / "test_plainly_failing.py").write_text(failing)
+    result = pytester.runpytest_inprocess(*CPU, "minimal", "-k", "caught or plainly")
+    result.assert_outcomes(passed=1, failed=1)
+    assert len(handed) == 1 and "test_plainly_failing" in handed[0], handed
+
+
 @pytest.mark.long(80)
 def test_data_loading_examples(pytester):
     """A StatefulDataLoader trainer with two workers resumed mid-epoch 1 and in a chain, its
