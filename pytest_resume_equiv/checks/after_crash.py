@@ -22,6 +22,7 @@ from ..compare.jsonable import NOT_IN_JSON
 from ..compare.loaded_step import loaded_step
 from ..diagnose import Diagnosis
 from ..diagnose.at_crash import WRITE_CALLS, AfterCrash, saving_words, short
+from ..launch.rank_exits import failed_first
 from ..launch.running import LaunchResult
 from ..rank.crasher import relative
 from ..rank.run_dir import RankStatus, read_status, user_files
@@ -78,7 +79,7 @@ def refused_deliberately(run_dir: str, world_size: int) -> str:
 
 
 def _crash_text(result: LaunchResult) -> str:
-    failed = [o for o in result.ranks if not o.ok]
+    failed = failed_first(result.ranks)
     first = failed[0] if failed else None
     if first is None:
         return result.status

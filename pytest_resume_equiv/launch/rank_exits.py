@@ -151,5 +151,14 @@ def rank_outcomes(
     ]
     for outcome in outcomes:
         if failed and outcome.status == "none" and outcome.exitcode == -signal.SIGTERM:
-            outcome.detail = f"stopped by torchrun (SIGTERM) after rank {failed[0]} failed"
+            outcome.detail = f"{STOPPED} after rank {failed[0]} failed"
     return outcomes
+
+
+STOPPED = "stopped by torchrun (SIGTERM)"
+
+
+def failed_first(ranks: list[RankOutcome]) -> list[RankOutcome]:
+    """The ranks that failed: those that failed on their own first, then those stopped
+    because of them (which of two ranks fails first on a torn checkpoint is a race)."""
+    return sorted((r for r in ranks if not r.ok), key=lambda r: r.detail.startswith(STOPPED))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..checks import kind_of
 from ..checks.base import Outcome
+from ..launch.rank_exits import failed_first
 from ..launch.running import LaunchResult
 from ..signature import count
 from .records import TestRecord
@@ -90,11 +91,7 @@ def format_launch_failure(result: LaunchResult, role: str) -> str:
     lines = [head + f" ({count(spec.world_size, 'rank')}, {result.duration:.1f}s):"]
     if result.problem:
         lines.append(f"  {result.problem}")
-    # The ranks that failed on their own first, then those torchrun stopped because of them.
-    bad = sorted(
-        (r for r in result.ranks if not r.ok),
-        key=lambda r: r.detail.startswith("stopped by torchrun"),
-    )
+    bad = failed_first(result.ranks)
     for outcome in bad:
         lines.append(f"  rank {outcome.rank}: {outcome.detail or outcome.status}")
     for outcome in bad[:2]:

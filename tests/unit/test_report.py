@@ -143,6 +143,11 @@ def test_a_failed_launch_shows_the_failing_rank_first_with_its_last_lines(tmp_pa
     assert lines[2] == "  rank 0: stopped by torchrun (SIGTERM) after rank 1 failed"
     assert "  ValueError: boom" in lines
     assert lines[-1] == "  rerun by hand: cd x && rerun"
+    # a crash table's row says the cause too, not the rank stopped because of it (which rank
+    # fails first on a torn checkpoint is a race: a CI run's row named rank 0's SIGTERM)
+    from pytest_resume_equiv.checks.after_crash import _crash_text
+
+    assert _crash_text(result) == "rank 1: ValueError: boom"
 
 
 def test_records_round_trip_through_json_and_fill_the_summary_table(tmp_path):
