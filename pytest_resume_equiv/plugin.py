@@ -185,7 +185,8 @@ def _keep_fork_server(session: pytest.Session) -> None:
     if not _may_fork(session.config):
         return
     preload = _session(session.config).settings["preload"]
-    if any(_marker(item) is not None or "torchrun" in item.fixturenames for item in session.items):
+    uses = (getattr(item, "fixturenames", ()) for item in session.items)  # a doctest: none
+    if any(_marker(i) is not None for i in session.items) or any("torchrun" in u for u in uses):
         ForkServer.prestart(preload)
     else:
         ForkServer.stop_one(preload)
