@@ -36,6 +36,8 @@ class Job:
     done: bool = False
     """Finished (handed to the handler) or cancelled."""
     gate_opened_at: float = 0.0
+    said_at: float = 0.0
+    """When its last progress line was printed: the next comes `progress_every` later."""
     watcher: Optional[StepWatcher] = None
     """Follows the launch's signatures (interrupt="kill", progress lines)."""
 
@@ -81,7 +83,6 @@ class Scheduler:
         self.progress_every = progress_every
         self.jobs: list[Job] = []
         self.finished: set[str] = set()
-        self._last_progress = time.monotonic()
 
     def add(self, planned: PlannedLaunch) -> None:
         self.jobs.append(Job(planned))
@@ -141,7 +142,9 @@ class Scheduler:
         after `poll_interval` at what only polling can see."""
         wake = Wake()
         if self.on_progress is not None:
-            wake.by(self._last_progress + self.progress_every)
+            for job in self.jobs:
+                if job.started and job.handle.gate_open:
+                    wake.by(job.said_at + self.progress_every)
         soon = time.monotonic() + self.poll_interval
         if self._refused:
             wake.by(soon)
@@ -198,11 +201,10 @@ class Scheduler:
     def _periodic_progress(self) -> None:
         if self.on_progress is None:
             return
-        if time.monotonic() - self._last_progress > self.progress_every:
-            self._last_progress = time.monotonic()
-            for job in self.jobs:
-                if job.started and job.handle.gate_open:
-                    self._progress(job, "running")
+        now = time.monotonic()
+        for job in self.jobs:  # each launch's own clock: no line right after its "running"
+            if job.started and job.handle.gate_open and now - job.said_at >= self.progress_every:
+                self._progress(job, "running")
 
     def _dispatch_finished(self, on_done: OnDone, on_exit: Optional[OnDone] = None) -> bool:
         finished_any = False
@@ -238,6 +240,7 @@ class Scheduler:
     def _progress(self, job: Job, event: str) -> None:
         if self.on_progress is None:
             return
+        job.said_at = time.monotonic()
         spec = job.planned.spec
         elapsed = time.monotonic() - job.gate_opened_at if job.gate_opened_at else 0.0
         recorded, ctx = job.steps_recorded(), spec.context

@@ -73,15 +73,22 @@ START_WAIT = 120.0
 """Seconds the server gets to import torch and the preload modules."""
 
 
-def fork_refusal(server_env: dict[str, str], env: dict[str, str]) -> str:
+def fork_refusal(
+    server_env: dict[str, str], env: dict[str, str], set_by_imports: Optional[dict] = None
+) -> str:
     """Why a launch with environment `env` cannot be forked from a server started with
-    `server_env` ("" when it can)."""
+    `server_env` ("" when it can). `set_by_imports`: what the server's own imports wrote into
+    its environment (`torch._dynamo` sets TORCHINDUCTOR_CACHE_DIR to the folder it computed):
+    a launch given that value, as pytest's process is once it imported the same module,
+    starts as the server did, and so does one given the server's starting value."""
+    own = set_by_imports or {}
     changed = sorted(
         k
         for k in set(server_env) | set(env)
         if k.startswith(IMPORT_TIME_PREFIXES)
         and k not in AFTER_IMPORT
         and server_env.get(k) != env.get(k)
+        and not (k in own and env.get(k) == own[k])
     )
     if not changed:
         return ""
@@ -99,6 +106,8 @@ class ForkServer:
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], wait: bool = True) -> None:
         self.preload = preload
         self.env = dict(env)
+        self.set_by_imports: dict[str, str] = {}
+        """What its imports wrote into its environment, said in its first line."""
         self.lock = threading.Lock()
         self.ready = False
         """Its first line has been read: it imported everything and serves."""
@@ -132,8 +141,20 @@ class ForkServer:
         if "error" in first:
             self.stop()
             raise ResumeEquivError(f"--resume-equiv-preload: {first['error']}")
+        self.set_by_imports = dict(first.get("environ_set") or {})
         self.ready = True
         mark("server.ready", "fork-server")
+
+    def refusal(self, env: dict[str, str]) -> str:
+        """Why a launch with environment `env` cannot be forked from this server; a server
+        still importing is waited for when `env` differs from what it started with, since
+        only its first line says what its imports set (cheaper than a second server)."""
+        refusal = fork_refusal(self.env, env, self.set_by_imports)
+        if refusal and not self.ready and self.proc.poll() is None:
+            with contextlib.suppress(ResumeEquivError):
+                self.wait_ready()
+            refusal = fork_refusal(self.env, env, self.set_by_imports)
+        return refusal
 
     @classmethod
     def get(cls, preload: tuple[str, ...]) -> ForkServer:
@@ -160,7 +181,7 @@ class ForkServer:
             return
         running = cls.running.get(preload)
         if running is not None:
-            if not fork_refusal(running.env, server_env()):
+            if not running.refusal(server_env()):
                 return
             cls.stop_one(preload)  # started before a test module set an import-time variable
         with contextlib.suppress(OSError):
@@ -363,8 +384,8 @@ def agents_for(spec: LaunchSpec, env: dict[str, str]) -> Agents:
     if not (spec.fork_server and spec.launcher.can_fork and spec.nnodes == 1):
         return plain
     running = ForkServer.running.get(spec.preload)
-    started_with = running.env if running is not None else server_env()
-    refusal = fork_refusal(started_with, env) or ForkServer.refused.get(spec.preload, "")
+    refusal = running.refusal(env) if running is not None else fork_refusal(server_env(), env)
+    refusal = refusal or ForkServer.refused.get(spec.preload, "")
     if not refusal:
         try:
             return Forked(ForkServer.get(spec.preload))

@@ -119,35 +119,50 @@ def _probe(torch: Any) -> bytes:
 
 
 def preload(modules: list[str]) -> dict[str, Any]:
-    """Import the base modules and the user's, one at a time, refusing one that leaves a
-    thread running or a device initialised. The answer is the server's first line."""
-    for name in [*BASE_MODULES, *modules]:
+    """Import the base modules, then the user's one at a time, refusing what leaves a thread
+    running or a device initialised. The base modules are checked together (a fork probe
+    costs ~15 ms of the server's start; torch's own modules cannot be blamed apart from
+    each other anyway). The answer is the server's first line."""
+    started_with = dict(os.environ)
+    for group in [BASE_MODULES, *((name,) for name in modules)]:
+        importing = f"importing {', '.join(group)}"  # the base modules: torch's and ours
+        named = importing if group is BASE_MODULES else f"preload module {group[0]!r}"
+        if group is not BASE_MODULES:
+            importing = f"importing {group[0]!r}"
         before = thread_count()
         try:
-            importlib.import_module(name)
+            for name in group:
+                importlib.import_module(name)
         except BaseException as exc:  # noqa: BLE001 - reported to pytest, which decides
             return {"error": f"importing {name} failed: {type(exc).__name__}: {exc}"}
         if thread_count() > before:
             return {
-                "error": f"preload module {name!r} starts threads at import "
+                "error": f"{named} starts threads at import "
                 f"({thread_count() - before} new); a process with threads cannot be forked "
                 "safely: import it in the training code instead"
             }
         devices = touched_devices()
         if devices:
             return {
-                "error": f"preload module {name!r} initialises {', '.join(devices)} at "
-                "import; a forked child cannot use an initialised device: import it in the "
-                "training code instead"
+                "error": f"{named} initialises {', '.join(devices)} at import; a forked "
+                "child cannot use an initialised device: import it in the training code instead"
             }
         poisoned = poisoned_fork()
         if poisoned:
             return {
-                "error": f"importing {name!r} poisons fork for {', '.join(poisoned)} (something "
-                "asked the driver, e.g. torch.cuda.is_available()); a forked rank could not "
-                "use the device: import it in the training code instead"
+                "error": f"{importing} poisons fork for {', '.join(poisoned)} "
+                "(something asked the driver, e.g. torch.cuda.is_available()); a forked rank "
+                "could not use the device: import it in the training code instead"
             }
-    return {"ready": True, "pid": os.getpid(), "modules": [*BASE_MODULES, *modules]}
+    # torch._dynamo's import sets TORCHINDUCTOR_CACHE_DIR to the folder it computed: pytest
+    # compares a launch's environment with these too (launch/forked.py, fork_refusal)
+    set_by_imports = {k: v for k, v in os.environ.items() if started_with.get(k) != v}
+    return {
+        "ready": True,
+        "pid": os.getpid(),
+        "modules": [*BASE_MODULES, *modules],
+        "environ_set": set_by_imports,
+    }
 
 
 def _python_path(env: dict[str, str], cwd: str, tail: list[str]) -> list[str]:

@@ -80,10 +80,9 @@ def trajectory(run: Run) -> dict[str, dict[int, float]]:
     tensors: dict[int, dict[str, list[dict]]] = {}
     for rank in sorted(run):
         for step, values in run[rank].steps:
-            loss = values.get(LOSS_KEY)
-            if isinstance(loss, list):
-                numbers = [scalar(v) for v in loss]
-                losses.setdefault(step, []).append(sum(n for n in numbers if n is not None))
+            loss = _step_value(values, LOSS_KEY)
+            if loss is not None:  # a rank with no `backward()` in the step says nothing
+                losses.setdefault(step, []).append(loss)
             for name, stats in _params(values).items():
                 tensors.setdefault(step, {}).setdefault(name, []).append(stats)
     params = {}
@@ -184,5 +183,5 @@ def _step_value(values: dict[str, Any], key: str) -> Optional[float]:
         return scalar(value)
     if not isinstance(value, list):
         return None
-    numbers = [scalar(v) for v in value]
-    return sum(n for n in numbers if n is not None) if numbers else None
+    numbers = [n for n in (scalar(v) for v in value) if n is not None]
+    return sum(numbers) if numbers else None

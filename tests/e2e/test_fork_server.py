@@ -167,6 +167,33 @@ def test_an_import_time_switch_in_env_starts_plainly_and_says_why(tmp_path):
     assert fork_refusal({}, {"CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": "x", "A": "b"}) == ""
 
 
+def test_a_variable_the_servers_own_imports_set_does_not_stop_launches_forking(
+    tmp_path, monkeypatch
+):
+    """`torch._dynamo`'s import sets TORCHINDUCTOR_CACHE_DIR (to the folder it computed) in
+    the process that imports it. Once a fixture or a test module imported it in pytest's
+    process (the toy Wan fixture does), every launch used to start plainly. The server says
+    what its own imports set: a launch given those values is forked, another value is not."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    try:
+        ForkServer.prestart(())
+        server = ForkServer.running[()]
+        folder = cache_dir()  # what the import of torch._dynamo does in pytest's process
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+        ForkServer.prestart(())  # collection's end: waits for its first line, keeps it
+        assert ForkServer.running[()] is server
+        assert server.set_by_imports["TORCHINDUCTOR_CACHE_DIR"] == folder
+        spec = _spec(tmp_path, {})
+        agents = agents_for(spec, {**os.environ, **default_env()})
+        assert isinstance(agents, Forked), agents.note
+        elsewhere = {**os.environ, **default_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+        assert "TORCHINDUCTOR_CACHE_DIR" in agents_for(spec, elsewhere).note
+    finally:
+        ForkServer.stop_all()
+
+
 def test_server_off_nodes_and_slurm_keep_todays_agents(tmp_path):
     env = dict(os.environ)
     assert isinstance(agents_for(_spec(tmp_path, {}, nproc=1, fork=False), env), OneRank)

@@ -217,6 +217,13 @@ def test_the_trajectory_reads_the_global_batch_over_ranks_and_shards(tmp_path):
     assert fsdp[PARAMS][1] == pytest.approx(math.sqrt(3.0**2 + 4.0**2))
 
 
+def test_a_rank_with_no_backward_in_a_step_is_left_out_of_the_step_loss(tmp_path):
+    """The trajectory and the resume picture read a step's loss one way: a rank whose step
+    gave `backward()` nothing has no loss there, not a loss of 0 that halves the mean."""
+    write_configuration(tmp_path / "ddp", 2, lambda s, r: [] if r == 1 else [0.5, 1.5])
+    assert trajectory(read_run(str(tmp_path / "ddp")))[LOSS][1] == 2.0
+
+
 def test_the_offline_compare_of_the_kept_runs_says_what_the_test_said(tmp_path, capsys):
     for variant, status in (("unscaled", 1), ("dp2", 0)):
         outcome, _ = judged(tmp_path / variant, variant)

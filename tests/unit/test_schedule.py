@@ -177,6 +177,24 @@ def test_progress_lines_name_the_launch_its_ranks_and_its_steps(tmp_path):
     )
 
 
+def test_a_launch_says_running_once_then_once_per_period_of_its_own(tmp_path, monkeypatch):
+    """A scheduler made long before its first launch starts does not follow that launch's
+    "running" line with another at once: each launch's period counts from its own last line."""
+    clock = [0.0]
+    monkeypatch.setattr("pytest_resume_equiv.schedule.time.monotonic", lambda: clock[0])
+    _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
+    log, lines = [], []
+    start, _ = starter(log, ticks=8)
+    scheduler = Scheduler(start, poll_interval=0, on_progress=lines.append, progress_every=5)
+    scheduler.add(plan.started[0])
+    clock[0] = 60.0  # the first launch starts a minute after the scheduler was made
+    while not scheduler.jobs[0].done:
+        scheduler.loop_once(lambda job, result: None)
+        clock[0] += 1.0
+    said = [line.split(": ", 1)[1].split(",")[0] + line.rsplit(",", 1)[1] for line in lines]
+    assert said == ["running 0.0s", "running 5.0s", "ok 7.0s"]
+
+
 def test_unfinished_names_the_launches_running_when_the_loop_stopped(tmp_path):
     _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
     log = []
