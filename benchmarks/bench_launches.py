@@ -50,10 +50,13 @@ TRAIN = {train!r}
 
 
 def torchrun(*args):
+    # no check=True: torch's gloo teardown sometimes aborts a rank that finished (SIGABRT at
+    # exit, about 1 torchrun in 20 here); the plugin warns and judges what the ranks wrote,
+    # and so does this test: the metrics files decide (a rank that failed wrote none)
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          TRAIN, "--max-steps=8", *args],
-        check=True, env={{**os.environ, "OMP_NUM_THREADS": "1"}},
+        env={{**os.environ, "OMP_NUM_THREADS": "1"}},
     )
 
 

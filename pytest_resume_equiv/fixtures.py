@@ -33,6 +33,7 @@ from .report.text import (
     format_outcome,
     format_plan_summary,
     format_shutdown_deaths,
+    interrupted_failure,
     outcome_failure,
 )
 from .schedule import Scheduler
@@ -225,9 +226,10 @@ class ResumeEquiv:
         except ResumeEquivError as exc:
             self.launching = False
             return None, self._failed_to_run(outcome, exc)
-        except BaseException:  # Ctrl-C, SIGTERM: keep what ran for the summary
+        except BaseException:  # Ctrl-C, SIGTERM: keep what ran, and what it found
             stopped = scheduler.unfinished()
-            self.runs.append(RunRecord.of(outcome, "interrupted", stopped=stopped))
+            why = interrupted_failure(outcome, [p.name for p in stopped])
+            self.runs.append(RunRecord.of(outcome, why, stopped=stopped))
             raise
         finally:
             starter.close()  # a launch that never started gives its place in the queue up

@@ -136,13 +136,10 @@ class _Reporter:
             reporter.write_line(f"    resume-equiv: {proved}")
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-        paths = _session(self.config).interrupted()
+        lines = _session(self.config).interrupted()
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if paths and reporter is not None:
-            reporter.write_line(
-                "resume-equiv: interrupted; every launch was killed; partial run directories "
-                "kept: " + ", ".join(paths)
-            )
+        for line in lines if reporter is not None else ():
+            reporter.write_line(f"resume-equiv: {line}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -166,16 +166,24 @@ class ResumeEquivSession:
         return record
 
     def interrupted(self) -> list[str]:
-        """Ctrl-C or SIGTERM: the partial run directories of the tests stopped mid-launch
-        (kept; the cleanup of shared launches spares them)."""
+        """Ctrl-C or SIGTERM: where the partial run directories of the tests stopped
+        mid-launch are (kept; the cleanup of shared launches spares them), and what those
+        tests had found ("test: interrupted after: split 3: ..."): a divergence already seen
+        is not lost in the interruption."""
         paths: list[str] = []
+        found: list[str] = []
         for fixture in self.launching.values():
             if not fixture.launching:
                 continue
             for path in fixture.shared_dirs:
                 mark_kept(path)
             paths += [p for p in (fixture.root.path, *fixture.shared_dirs) if os.path.isdir(p)]
-        return paths
+            failures = [run.failure for run in fixture.runs[-1:]]
+            found += [
+                f"{fixture.owner}: {f}" for f in failures if f.startswith("interrupted after")
+            ]
+        kept = "interrupted; every launch was killed; partial run directories kept: "
+        return ([kept + ", ".join(paths)] if paths else []) + found
 
     def worker_done(self, output: dict[str, Any]) -> None:
         """pytest-xdist controller: a worker's records, and where it shared its launches."""

@@ -9,6 +9,11 @@ import pytest
 from pytest_resume_equiv.rank.context import current, reset
 from pytest_resume_equiv.rank.launch_context import CONTEXT_ENV, LaunchContext
 
+# The pytest sessions, servers and ranks these tests start read compiled modules as an
+# installed wheel's are (pip compiles them at install). With PYTHONDONTWRITEBYTECODE set (some
+# sandboxes and CI images set it) every one of them compiled the plugin's ~140 modules again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def pytest_configure(config):
     config.addinivalue_line(

@@ -170,6 +170,16 @@ def sleeps_after_start(ctx):
     time.sleep(300)
 
 
+def forgets_cpu_rng_and_its_control_sleeps(ctx):
+    # the resume diverges; the determinism control then tells the test it started, and runs
+    # long enough to be interrupted
+    if ctx.run_dir.endswith("-control"):
+        with open(os.environ["STARTED_FILE"], "a") as f:
+            f.write(f"control {ctx.rank}\\n")
+        time.sleep(300)
+    _loop(ctx, restore_rng=False)
+
+
 def hello(ctx):
     print(f"hello from rank {ctx.rank} of {ctx.world_size}")
     req.record(1, rank=ctx.rank)

@@ -8,6 +8,8 @@ of context instead of walls of numbers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..checks import kind_of
 from ..checks.base import Outcome
 from ..launch.rank_exits import failed_first
@@ -71,6 +73,17 @@ def outcome_failure(outcome: Outcome) -> str:
     """Why a run that was judged failed, in a few words (the summary table's last column)."""
     failed = outcome.failed
     return kind_of(failed[0].check).words(failed[0]) if failed else ""
+
+
+def interrupted_failure(outcome: Outcome, stopped: Sequence[str]) -> str:
+    """Why a run stopped by Ctrl-C or SIGTERM failed: what it had found before, when it had.
+    Not final: the launches `stopped` (a determinism control, say) could still have judged it
+    against measured noise."""
+    found = outcome_failure(outcome)
+    if not found:
+        return "interrupted"
+    waiting = f": {', '.join(stopped)} stopped before the end" if stopped else ""
+    return f"interrupted after: {found} (not final{waiting})"
 
 
 def _last_output(result: LaunchResult, rank: int, lines: int = 2) -> str:

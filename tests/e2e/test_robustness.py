@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from helpers import CPU, interrupt_long_test, processes_mentioning
+from helpers import CPU, interrupt_long_test, interrupt_once_started, processes_mentioning
 
 from pytest_resume_equiv.launch.rank_exits import stuck_where
 from pytest_resume_equiv.launch.stacks import (
@@ -173,6 +173,33 @@ def test_interrupting_pytest_kills_every_launch_and_keeps_partial_runs(
     assert all(os.path.isdir(path) for path in kept), kept
     assert any(os.path.exists(os.path.join(p, "logs", "rank-1.stderr")) for p in kept)
     time.sleep(1.5)  # ranks notice within a second if anything was missed
+    assert processes_mentioning(str(trainers.path)) == []
+
+
+def test_an_interrupt_after_a_divergence_keeps_what_was_found(trainers, tmp_path):
+    """Ctrl-C while the determinism control runs, after the resume diverged: the summary and
+    the interruption's lines say what was found, not "interrupted" alone."""
+    trainers.makepyfile(
+        test_found="""
+        from pytest_resume_equiv import resume_equivalent
+        from trainers import forgets_cpu_rng_and_its_control_sleeps
+
+        @resume_equivalent(steps=4, split=2, nproc=1, rng_mutation=False)
+        def test_found(resume_equiv):
+            resume_equiv.run(forgets_cpu_rng_and_its_control_sleeps)
+        """
+    )
+    started = tmp_path / "started.txt"
+    path = os.pathsep.join([str(trainers.path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "STARTED_FILE": str(started), "PYTHONPATH": path}
+    args = [*CPU, "test_found.py"]
+    code, output = interrupt_once_started(trainers.path, args, env, started, 1, signal.SIGINT)
+    assert code == 2, output
+    found = "interrupted after: split 2: step 3, rank 0, "
+    assert f"resume-equiv: test_found.py::test_found: {found}" in output, output
+    assert "'loss' (not final: uninterrupted-control stopped before the end)" in output
+    row = next(x for x in output.splitlines() if x.startswith("test_found.py::test_found "))
+    assert "interrupted" in row.split() and found[:40] in row, row
     assert processes_mentioning(str(trainers.path)) == []
 
 
