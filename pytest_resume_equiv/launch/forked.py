@@ -73,16 +73,16 @@ START_WAIT = 120.0
 """Seconds the server gets to import torch and the preload modules."""
 
 
-def fork_refusal(
+def changed_at_import(
     server_env: dict[str, str], env: dict[str, str], set_by_imports: Optional[dict] = None
-) -> str:
-    """Why a launch with environment `env` cannot be forked from a server started with
-    `server_env` ("" when it can). `set_by_imports`: what the server's own imports wrote into
+) -> list[str]:
+    """The variables read when torch is imported that `env` gives another value than a server
+    started with `server_env` had. `set_by_imports`: what the server's own imports wrote into
     its environment (`torch._dynamo` sets TORCHINDUCTOR_CACHE_DIR to the folder it computed):
     a launch given that value, as pytest's process is once it imported the same module,
     starts as the server did, and so does one given the server's starting value."""
     own = set_by_imports or {}
-    changed = sorted(
+    return sorted(
         k
         for k in set(server_env) | set(env)
         if k.startswith(IMPORT_TIME_PREFIXES)
@@ -90,6 +90,14 @@ def fork_refusal(
         and server_env.get(k) != env.get(k)
         and not (k in own and env.get(k) == own[k])
     )
+
+
+def fork_refusal(
+    server_env: dict[str, str], env: dict[str, str], set_by_imports: Optional[dict] = None
+) -> str:
+    """Why a launch with environment `env` cannot be forked from a server started with
+    `server_env` ("" when it can)."""
+    changed = changed_at_import(server_env, env, set_by_imports)
     if not changed:
         return ""
     return f"its environment changes {', '.join(changed)}, read when torch is imported"
@@ -146,15 +154,24 @@ class ForkServer:
         mark("server.ready", "fork-server")
 
     def refusal(self, env: dict[str, str]) -> str:
-        """Why a launch with environment `env` cannot be forked from this server; a server
-        still importing is waited for when `env` differs from what it started with, since
-        only its first line says what its imports set (cheaper than a second server)."""
+        """Why a launch with environment `env` cannot be forked from this server ("" when it
+        can). Only its first line says what its own imports wrote, so a server still
+        importing is waited for when each variable `env` differs in is one it started
+        without (what an import writes: cheaper than a second server); a variable it
+        started with, at another value, is decided at once. A server that fails meanwhile
+        is refused for the session, its own error the reason."""
         refusal = fork_refusal(self.env, env, self.set_by_imports)
-        if refusal and not self.ready and self.proc.poll() is None:
-            with contextlib.suppress(ResumeEquivError):
-                self.wait_ready()
-            refusal = fork_refusal(self.env, env, self.set_by_imports)
-        return refusal
+        if not refusal or self.ready or self.proc.poll() is not None:
+            return refusal
+        if any(k in self.env for k in changed_at_import(self.env, env)):
+            return refusal
+        try:
+            self.wait_ready()
+        except ResumeEquivError as exc:
+            ForkServer.running.pop(self.preload, None)
+            refusal = ForkServer.refused[self.preload] = str(exc)
+            return refusal
+        return fork_refusal(self.env, env, self.set_by_imports)
 
     @classmethod
     def get(cls, preload: tuple[str, ...]) -> ForkServer:
@@ -176,12 +193,12 @@ class ForkServer:
         `get` waits for it; a server that cannot start is found there, as without this. One
         already started is kept, unless the environment has since changed a variable read
         when torch is imported: then a launch could not be forked from it, and it is
-        replaced."""
+        replaced (`refusal` may wait for its first line to know)."""
         if preload in cls.refused:
             return
         running = cls.running.get(preload)
         if running is not None:
-            if not running.refusal(server_env()):
+            if not running.refusal(server_env()) or preload in cls.refused:
                 return
             cls.stop_one(preload)  # started before a test module set an import-time variable
         with contextlib.suppress(OSError):

@@ -125,10 +125,12 @@ def preload(modules: list[str]) -> dict[str, Any]:
     each other anyway). The answer is the server's first line."""
     started_with = dict(os.environ)
     for group in [BASE_MODULES, *((name,) for name in modules)]:
-        importing = f"importing {', '.join(group)}"  # the base modules: torch's and ours
-        named = importing if group is BASE_MODULES else f"preload module {group[0]!r}"
-        if group is not BASE_MODULES:
-            importing = f"importing {group[0]!r}"
+        if group is BASE_MODULES:  # torch's and ours: nothing the user could move
+            named = importing = f"importing {', '.join(group)}"
+            advice = "run with --resume-equiv-fork-server=off to start every rank plainly"
+        else:
+            named, importing = f"preload module {group[0]!r}", f"importing {group[0]!r}"
+            advice = "import it in the training code instead"
         before = thread_count()
         try:
             for name in group:
@@ -137,22 +139,21 @@ def preload(modules: list[str]) -> dict[str, Any]:
             return {"error": f"importing {name} failed: {type(exc).__name__}: {exc}"}
         if thread_count() > before:
             return {
-                "error": f"{named} starts threads at import "
-                f"({thread_count() - before} new); a process with threads cannot be forked "
-                "safely: import it in the training code instead"
+                "error": f"{named} starts threads at import ({thread_count() - before} new); "
+                f"a process with threads cannot be forked safely: {advice}"
             }
         devices = touched_devices()
         if devices:
             return {
                 "error": f"{named} initialises {', '.join(devices)} at import; a forked "
-                "child cannot use an initialised device: import it in the training code instead"
+                f"child cannot use an initialised device: {advice}"
             }
         poisoned = poisoned_fork()
         if poisoned:
             return {
                 "error": f"{importing} poisons fork for {', '.join(poisoned)} "
                 "(something asked the driver, e.g. torch.cuda.is_available()); a forked rank "
-                "could not use the device: import it in the training code instead"
+                f"could not use the device: {advice}"
             }
     # torch._dynamo's import sets TORCHINDUCTOR_CACHE_DIR to the folder it computed: pytest
     # compares a launch's environment with these too (launch/forked.py, fork_refusal)

@@ -76,14 +76,14 @@ def outcome_failure(outcome: Outcome) -> str:
 
 
 def interrupted_failure(outcome: Outcome, stopped: Sequence[str]) -> str:
-    """Why a run stopped by Ctrl-C or SIGTERM failed: what it had found before, when it had.
-    Not final: the launches `stopped` (a determinism control, say) could still have judged it
-    against measured noise."""
+    """Why a run stopped by Ctrl-C or SIGTERM failed: what it had found before, when it had,
+    and which launches were stopped (a determinism control, say, which could have measured
+    the noise a trajectory's divergence is judged against)."""
     found = outcome_failure(outcome)
     if not found:
         return "interrupted"
-    waiting = f": {', '.join(stopped)} stopped before the end" if stopped else ""
-    return f"interrupted after: {found} (not final{waiting})"
+    cut = f" ({', '.join(stopped)} stopped before its end)" if stopped else ""
+    return f"interrupted after: {found}{cut}"
 
 
 def _last_output(result: LaunchResult, rank: int, lines: int = 2) -> str:

@@ -194,6 +194,29 @@ def test_a_variable_the_servers_own_imports_set_does_not_stop_launches_forking(
         ForkServer.stop_all()
 
 
+def test_a_server_waited_for_that_fails_is_refused_with_its_own_reason(tmp_path, monkeypatch):
+    """A launch whose environment adds a variable read at import waits for a server still
+    importing (its imports may have written it). A server that fails meanwhile is refused for
+    the session with its own reason, which is the launch's note; one given another value of
+    a variable the server started with is decided at once, without waiting."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    bad, base = ("no_such_module_here",), _spec(tmp_path, {})
+    try:
+        ForkServer.prestart(())
+        server = ForkServer.running[()]
+        other = {**os.environ, **default_env(), "MKL_NUM_THREADS": "2"}
+        assert "MKL_NUM_THREADS" in agents_for(base, other).note
+        assert not server.ready  # still importing: nothing to wait for
+        ForkServer.prestart(bad)
+        added = {**os.environ, **default_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+        note = agents_for(dataclasses.replace(base, preload=bad), added).note
+        assert "importing no_such_module_here failed: ModuleNotFoundError" in note
+        assert bad not in ForkServer.running and note.endswith(ForkServer.refused[bad])
+    finally:
+        ForkServer.stop_all()
+
+
 def test_server_off_nodes_and_slurm_keep_todays_agents(tmp_path):
     env = dict(os.environ)
     assert isinstance(agents_for(_spec(tmp_path, {}, nproc=1, fork=False), env), OneRank)

@@ -197,7 +197,7 @@ def test_an_interrupt_after_a_divergence_keeps_what_was_found(trainers, tmp_path
     assert code == 2, output
     found = "interrupted after: split 2: step 3, rank 0, "
     assert f"resume-equiv: test_found.py::test_found: {found}" in output, output
-    assert "'loss' (not final: uninterrupted-control stopped before the end)" in output
+    assert "'loss' (uninterrupted-control stopped before its end)" in output
     row = next(x for x in output.splitlines() if x.startswith("test_found.py::test_found "))
     assert "interrupted" in row.split() and found[:40] in row, row
     assert processes_mentioning(str(trainers.path)) == []

@@ -1,9 +1,12 @@
 """The scheduler's mechanics with fake handles: start ahead, gates after needs, parallelism,
 jobs added and cancelled by the handler, and nothing left running whatever happens."""
 
+from types import SimpleNamespace
+
 import pytest
 from plan_helpers import plan_for
 
+from pytest_resume_equiv import schedule
 from pytest_resume_equiv.launch.rank_exits import RankOutcome
 from pytest_resume_equiv.launch.running import LaunchResult
 from pytest_resume_equiv.schedule import Scheduler
@@ -181,7 +184,7 @@ def test_a_launch_says_running_once_then_once_per_period_of_its_own(tmp_path, mo
     """A scheduler made long before its first launch starts does not follow that launch's
     "running" line with another at once: each launch's period counts from its own last line."""
     clock = [0.0]
-    monkeypatch.setattr("pytest_resume_equiv.schedule.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(schedule, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     _, plan = plan_for(tmp_path, train, nproc=1, rng_mutation=False)
     log, lines = [], []
     start, _ = starter(log, ticks=8)
