@@ -213,7 +213,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for line in format_summary_table(records):
             terminalreporter.write_line(line)
     if session.kept_in:
-        terminalreporter.write_line(kept_line(session.kept_in, session.settings["keep"]))
+        stopped = any(r.verdict == "interrupted" for r in records)
+        terminalreporter.write_line(kept_line(session.kept_in, session.settings["keep"], stopped))
     if session.settings.error or session.settings["golden"] is None:
         return
     lines = format_golden_summary(records, session.unused, session.settings["update_golden"])

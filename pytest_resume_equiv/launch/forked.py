@@ -65,8 +65,17 @@ IMPORT_TIME_PREFIXES = (
 included (its config and inductor's, and sympy, read theirs at import; the server imports
 it): a launch that sets one to another value than the server started with cannot be forked
 from it."""
-AFTER_IMPORT = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
-"""...except these, which the forked child applies itself or which are read later."""
+AFTER_IMPORT = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "PYTORCH_NVML_BASED_CUDA_CHECK",
+    }
+)
+"""...except these, which the forked child applies itself or which are read later:
+PYTORCH_NVML_BASED_CUDA_CHECK at each `torch.cuda.is_available()` (lightning sets it at its
+import, which replaced a session's server when a test module imported lightning)."""
 STOP_GRACE = 10.0
 """Seconds the other ranks of a failed forked launch get after SIGTERM."""
 START_WAIT = 120.0

@@ -202,9 +202,11 @@ def prune(
     return removed
 
 
-def kept_line(folder: str, keep: str) -> str:
-    """The terminal summary's line when the session's folder stays."""
-    what = "run directories of failed tests" if keep == "failed" else "run directories"
+def kept_line(folder: str, keep: str, interrupted: bool = False) -> str:
+    """The terminal summary's line when the session's folder stays (`interrupted`: a test was
+    stopped by Ctrl-C or SIGTERM mid-launch; its partial directories stay too)."""
+    tests = "failed and interrupted tests" if interrupted else "failed tests"
+    what = f"run directories of {tests}" if keep == "failed" else "run directories"
     return (
         f"resume-equiv: {what} kept in {folder} (the last {KEEP_SESSIONS} sessions are kept; "
         f"delete {os.path.dirname(folder)} to clean)"

@@ -165,6 +165,8 @@ def test_an_import_time_switch_in_env_starts_plainly_and_says_why(tmp_path):
     for name in ("TORCHDYNAMO_VERBOSE", "TORCHINDUCTOR_FREEZING", "SYMPY_USE_CACHE"):
         assert name in fork_refusal({}, {name: "1"})
     assert fork_refusal({}, {"CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": "x", "A": "b"}) == ""
+    # read at each torch.cuda.is_available(); lightning's import sets it in pytest's process
+    assert fork_refusal({}, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}) == ""
 
 
 def test_a_variable_the_servers_own_imports_set_does_not_stop_launches_forking(

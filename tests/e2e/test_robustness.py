@@ -198,6 +198,7 @@ def test_an_interrupt_after_a_divergence_keeps_what_was_found(trainers, tmp_path
     found = "interrupted after: split 2: step 3, rank 0, "
     assert f"resume-equiv: test_found.py::test_found: {found}" in output, output
     assert "'loss' (uninterrupted-control stopped before its end)" in output
+    assert "resume-equiv: run directories of failed and interrupted tests kept in " in output
     row = next(x for x in output.splitlines() if x.startswith("test_found.py::test_found "))
     assert "interrupted" in row.split() and found[:40] in row, row
     assert processes_mentioning(str(trainers.path)) == []

@@ -125,6 +125,9 @@ def test_the_session_folder_goes_when_nothing_is_kept(tmp_path):
         f"resume-equiv: run directories of failed tests kept in {failed.folder.path} (the last "
         f"{KEEP_SESSIONS} sessions are kept; delete {tmp_path / '.resume-equiv' / 'runs'} to clean)"
     )
+    assert "run directories of failed and interrupted tests kept in " in kept_line(
+        failed.kept_in, "failed", interrupted=True
+    )
 
 
 def _session_folder(keep_dir, name, pid, host="here", content=True):
