@@ -172,6 +172,27 @@ PATCHES: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        "the global RNG getters: `torch.get_rng_state` (and its `torch.random` name), "
+        f"`torch.<device>.get_rng_state[_all]` ({_DEVICES}, and their `.random` names), "
+        "`random.getstate`, `numpy.random.get_state`",
+        "rank/restore.py",
+        REPLACED,
+        "a look at the calling frame; for the user's calls, a digest of the state returned "
+        "(a few KiB hashed), so that setting that state again in the same process (Lightning's "
+        "`isolate_rng`, an evaluation put between a get and a set) is no restore "
+        "(rank/own_states.py)",
+        ALWAYS,
+        (
+            "torch.get_rng_state",
+            "torch.random.*",
+            "torch.cuda.*",
+            "torch.npu.*",
+            "torch.xpu.*",
+            "random.getstate",
+            "numpy.random.get_state",
+        ),
+    ),
+    Patch(
         f"`torch.<device>.default_generators` ({_DEVICES}): the tuple is replaced by a watching "
         "one when the device is initialised",
         "rank/restore.py",

@@ -12,15 +12,15 @@ calls `load_state_dict`). Outside a test run nothing is wrapped.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import os
 import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+from .after_import import AfterImport
 from .layout import ALL_DEVICES, DEVICE_KINDS, device_stream, file_target, stream_key
+from .own_states import DEVICE_GETTERS, OwnStates
 from .patches import Patches
 from .trace import called_from_torch, user_frame
 from .wrapping import Wrapper, tagging
@@ -75,9 +75,11 @@ class RestoreLog:
         """What `_wrap` replaced, for `uninstall`, and how deep in a logged call we are."""
         self._patches = Patches(__name__)
         """The restore families' `__init_subclass__`, the devices' `default_generators`."""
-        self._after_import = _AfterImport()
+        self._after_import = AfterImport()
         self._watching = True
         """Whether a device initialised from now on gets its default generators watched."""
+        self.own = OwnStates()
+        """States the user's code read itself: setting one again is isolation, no restore."""
 
     @property
     def nested(self) -> bool:
@@ -140,18 +142,29 @@ class RestoreLog:
         bookkeeping = (lambda: called_from_torch(3)) if users_only else None
         self._calls.wrap(owner, attribute, logged, skip=bookkeeping, failed=failed)
 
+    def _unless_own(self, names: Callable[..., Any]) -> Callable[..., Any]:
+        """`names` for a setter, or nothing to log when it sets a state the user's code read
+        itself in this process (own_states.py)."""
+
+        def named(*args: Any, **kwargs: Any) -> Any:
+            state = args[0] if args else next(iter(kwargs.values()), None)
+            return [] if self.own.has(state) else names(*args, **kwargs)
+
+        return named
+
     def install_torch(self) -> None:
         """Wrap torch's restore functions (the bootstrap calls it once torch is imported)."""
         import torch
         import torch.optim.lr_scheduler as lr_scheduler
 
-        cpu = stream_key("cpu")
+        cpu = self._unless_own(lambda *a, **k: stream_key("cpu"))
         for owner in (torch, torch.random):
             name = owner.__name__
             fn = "set_rng_state"
-            self._wrap(owner, fn, f"{name}.{fn}", lambda *a, **k: cpu, users_only=True)
+            self._wrap(owner, fn, f"{name}.{fn}", cpu, users_only=True)
             for fn in ("manual_seed", "seed"):  # the CPU stream and every device's
                 self._wrap(owner, fn, f"{name}.{fn}", _every_stream, users_only=True)
+            self.own.watch(self._patches, owner, ("get_rng_state",))
         self.install_devices()
         scheduler = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
         bases = [
@@ -234,12 +247,16 @@ class RestoreLog:
             # torch.cuda.set_rng_state is torch.cuda.random.set_rng_state: wrap both names
             owners = [module, getattr(module, "random", None)]
             for owner in {id(o): o for o in owners if o is not None}.values():
-                for fn, name in [("set_rng_state", one), ("manual_seed", one), ("seed", one)] + [
-                    ("set_rng_state_all", each),
+                for fn, name in [
+                    ("set_rng_state", self._unless_own(one)),
+                    ("manual_seed", one),
+                    ("seed", one),
+                    ("set_rng_state_all", self._unless_own(each)),
                     ("manual_seed_all", each),
                     ("seed_all", each),
                 ]:
                     self._wrap(owner, fn, f"torch.{kind}.{fn}", name, users_only=True)
+                self.own.watch(self._patches, owner, DEVICE_GETTERS)
             self._watch_default_generators(kind, module)
 
     def _watch_default_generators(self, kind: str, module: Any) -> None:
@@ -271,15 +288,15 @@ class RestoreLog:
         import random
 
         python, numpy_stream = stream_key("python"), stream_key("numpy")
-        self._wrap(random, "setstate", "random.setstate", lambda *a, **k: python)
+        self._wrap(random, "setstate", "random.setstate", self._unless_own(lambda *a: python))
         self._wrap(random, "seed", "random.seed", lambda *a, **k: python)
+        self.own.watch(self._patches, random, ("getstate",))
         numpy = sys.modules.get("numpy")
         if numpy is not None:
-            np_random = numpy.random
-            self._wrap(
-                np_random, "set_state", "numpy.random.set_state", lambda *a, **k: numpy_stream
-            )
+            np_random, sets = numpy.random, self._unless_own(lambda *a, **k: numpy_stream)
+            self._wrap(np_random, "set_state", "numpy.random.set_state", sets)
             self._wrap(np_random, "seed", "numpy.random.seed", lambda *a, **k: numpy_stream)
+            self.own.watch(self._patches, np_random, ("get_state",))
 
     def uninstall(self) -> None:
         """Put every wrapped function back (a rank never needs it; a test process does)."""
@@ -290,30 +307,6 @@ class RestoreLog:
         if self._after_import in sys.meta_path:
             sys.meta_path.remove(self._after_import)
         self.pending.clear()
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls a function with a module right after it is first imported."""
-
-    def __init__(self) -> None:
-        self.hooks: dict[str, list[Callable[[Any], None]]] = {}
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        hooks = self.hooks.pop(name, None)
-        if not hooks:
-            return None
-        spec = importlib.util.find_spec(name)  # the real one (this finder no longer has it)
-        if spec is None or spec.loader is None:
-            return None
-        real = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            real(module)
-            for hook in hooks:
-                hook(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
 
 
 def _device_index(kind: str, args: tuple, kwargs: dict) -> str:

@@ -28,6 +28,12 @@ def audited(in_rank):
     current().uninstall()
 
 
+def saved():
+    """A CPU RNG state as a checkpoint gives it: read without `torch.get_rng_state`, so never
+    one this process read itself (setting such a state again is isolation, no restore)."""
+    return torch.default_generator.get_state()
+
+
 def signature(run_dir):
     current().close()
     return read_signature(os.path.join(run_dir, "signatures", "rank-0.jsonl"))
@@ -37,13 +43,13 @@ def test_restores_are_logged_with_their_line_and_named_as_the_audit_names_them(a
     run_dir = audited(phase="resumed", split=2)
     model = torch.nn.Linear(2, 2)
     state = model.state_dict()
-    cpu = torch.get_rng_state()
+    cpu = saved()
     owned, made = torch.Generator().manual_seed(1), _line()
     here = f"tests/unit/test_restore.py:{_line() + 1}"
     model.load_state_dict(state)
     torch.set_rng_state(cpu)
-    np.random.set_state(np.random.get_state())
-    random.setstate(random.getstate())
+    np.random.set_state(np.random.RandomState(7).get_state())
+    random.setstate(random.Random(7).getstate())
     owned.set_state(owned.get_state())
     req.watch(model=model)  # after the load: the log still names it as watched
     req.record(3, loss=1.0)
@@ -64,7 +70,7 @@ def test_device_stream_restores_are_named_by_device(audited):
     log still names the stream each one restores, as the audit names it."""
     run_dir = audited(phase="resumed", split=2)
     torch.cuda.manual_seed_all(3)
-    torch.cuda.set_rng_state(torch.get_rng_state(), device=torch.device("cuda", 1))
+    torch.cuda.set_rng_state(saved(), device=torch.device("cuda", 1))
     req.record(3, loss=1.0)
     assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
         ("torch.cuda.manual_seed_all", "rng:cuda:*"),
@@ -85,7 +91,7 @@ def test_device_restores_name_the_device_however_it_is_given(audited, cuda):
     torch.cuda or torch.cuda.random (HF Trainer's path): each names the stream it restores."""
     cuda.set_device(3)  # initialises, as torch.cuda.set_device does
     run_dir = audited(phase="resumed", split=2)
-    state = torch.get_rng_state()
+    state = saved()
     torch.cuda.set_rng_state(state, "cuda:1")
     torch.cuda.set_rng_state(state, torch.device("cuda"))
     torch.cuda.set_rng_state(state)
@@ -107,7 +113,7 @@ def test_naming_a_restore_does_not_initialise_the_device(audited, cuda):
     device=cpu run, and open a context on NPU 0 in every rank)."""
     run_dir = audited(phase="resumed", split=2)
     torch.cuda.manual_seed(3)
-    torch.cuda.set_rng_state(torch.get_rng_state())
+    torch.cuda.set_rng_state(saved())
     torch.cuda.seed()
     torch.cuda.seed_all()
     req.record(3, loss=1.0)
@@ -216,7 +222,31 @@ def test_rng_states_torch_puts_back_itself_are_not_restores(audited):
         torch.rand(2)
     out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
     out.sum().backward()
-    torch.set_rng_state(torch.get_rng_state())  # the user's own: logged
+    torch.set_rng_state(saved())  # the user's, as from a checkpoint: logged
+    req.record(3, loss=1.0)
+    assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
+        ("torch.set_rng_state", "rng:cpu"),
+    ]
+
+
+def test_a_state_the_users_code_read_and_sets_again_is_no_restore(audited, cuda):
+    """Lightning's `isolate_rng()` (around its sanity check) and an evaluation put between a
+    get and a set give back a state this process read itself: no restore, so a stream the
+    trainer never restored is not named "restored wrong" (a newcomer's Lightning trial). A
+    state this process never read (a checkpoint's) is a restore; the plugin's own reads of
+    every stream are not the user's."""
+    run_dir = audited(phase="resumed", split=2)
+    req.record(2, loss=1.0)  # the plugin reads every stream's state for its audit
+    after_audit = saved()
+    torch.rand(1)
+    cpu, python, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    devices = torch.cuda.get_rng_state_all()
+    torch.rand(3), random.random(), np.random.rand()
+    torch.set_rng_state(cpu)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.cuda.set_rng_state_all(devices)
+    torch.set_rng_state(after_audit)  # read by the plugin only: a restore
     req.record(3, loss=1.0)
     assert [(e["call"], e["what"]) for e in signature(run_dir).restores] == [
         ("torch.set_rng_state", "rng:cpu"),
@@ -226,7 +256,7 @@ def test_rng_states_torch_puts_back_itself_are_not_restores(audited):
 def test_the_resume_point_is_the_first_forward_with_the_draws_since_the_last_restore(audited):
     run_dir = audited(phase="resumed", split=2)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
-    state = torch.get_rng_state()
+    state = saved()
     torch.rand(3)  # before the last restore: cannot have advanced what it restored
     torch.set_rng_state(state)
     loader = torch.utils.data.DataLoader(list(range(4)), shuffle=True)
@@ -250,7 +280,7 @@ def test_a_resume_point_call_after_an_eval_forward_is_the_point(audited):
     says a forward came first; the eval's draws are in its window."""
     run_dir = audited(phase="resumed", split=2)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
-    torch.set_rng_state(torch.get_rng_state())
+    torch.set_rng_state(saved())
     model.eval()
     torch.randint(0, 4, (2,))  # the eval samples its batch from the CPU RNG
     model(torch.ones(1, 2))  # the eval's forward
