@@ -288,7 +288,7 @@ class RestoreLog:
         import random
 
         python, numpy_stream = stream_key("python"), stream_key("numpy")
-        self._wrap(random, "setstate", "random.setstate", self._unless_own(lambda *a: python))
+        self._wrap(random, "setstate", "random.setstate", self._unless_own(lambda *a, **k: python))
         self._wrap(random, "seed", "random.seed", lambda *a, **k: python)
         self.own.watch(self._patches, random, ("getstate",))
         numpy = sys.modules.get("numpy")

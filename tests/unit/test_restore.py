@@ -243,7 +243,7 @@ def test_a_state_the_users_code_read_and_sets_again_is_no_restore(audited, cuda)
     devices = torch.cuda.get_rng_state_all()
     torch.rand(3), random.random(), np.random.rand()
     torch.set_rng_state(cpu)
-    random.setstate(python)
+    random.setstate(state=python)  # by keyword, too
     np.random.set_state(numpy_state)
     torch.cuda.set_rng_state_all(devices)
     torch.set_rng_state(after_audit)  # read by the plugin only: a restore
