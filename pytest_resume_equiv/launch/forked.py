@@ -106,7 +106,10 @@ def fork_refusal(
 ) -> str:
     """Why a launch with environment `env` cannot be forked from a server started with
     `server_env` ("" when it can)."""
-    changed = changed_at_import(server_env, env, set_by_imports)
+    return _refusal_words(changed_at_import(server_env, env, set_by_imports))
+
+
+def _refusal_words(changed: list[str]) -> str:
     if not changed:
         return ""
     return f"its environment changes {', '.join(changed)}, read when torch is imported"
@@ -169,11 +172,11 @@ class ForkServer:
         without (what an import writes: cheaper than a second server); a variable it
         started with, at another value, is decided at once. A server that fails meanwhile
         is refused for the session, its own error the reason."""
-        refusal = fork_refusal(self.env, env, self.set_by_imports)
-        if not refusal or self.ready or self.proc.poll() is not None:
-            return refusal
-        if any(k in self.env for k in changed_at_import(self.env, env)):
-            return refusal
+        changed = changed_at_import(self.env, env, self.set_by_imports)
+        if not changed or self.ready or self.proc.poll() is not None:
+            return _refusal_words(changed)
+        if any(k in self.env for k in changed):
+            return _refusal_words(changed)
         try:
             self.wait_ready()
         except ResumeEquivError as exc:

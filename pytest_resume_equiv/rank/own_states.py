@@ -11,14 +11,11 @@ audit of every stream at each step) and torch's own (`fork_rng`) are not remembe
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 from typing import Any
 
+from .fingerprint import content_hash
 from .patches import Patches
-from .trace import called_from_torch
-
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .trace import called_from_plugin, called_from_torch
 
 DEVICE_GETTERS = ("get_rng_state", "get_rng_state_all")
 """A device module's getters (`torch.cuda`, `torch.cuda.random`, ...)."""
@@ -46,8 +43,7 @@ class OwnStates:
 
         def reading(*args: Any, **kwargs: Any) -> Any:
             state = original(*args, **kwargs)
-            caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
-            if not caller.startswith(_OUR_DIR + os.sep) and not called_from_torch(2):
+            if not called_from_plugin(2) and not called_from_torch(2):
                 try:
                     self.read.add(_digest(state))
                 except Exception:  # noqa: BLE001 - best effort: an unknown state is no own one
@@ -64,20 +60,17 @@ def _digest(state: Any) -> str:
 
 
 def _feed(found: Any, value: Any) -> None:
-    """Bytes of a state: a tensor's (torch's getters give CPU byte tensors), an array's
-    (numpy's), nested tuples and lists (Python's, numpy's, `get_rng_state_all`), else repr."""
+    """What identifies a state: a tensor's fingerprint (torch's getters give CPU byte
+    tensors), an array's bytes (numpy's), nested tuples and lists (Python's, numpy's,
+    `get_rng_state_all`), else its repr."""
     if isinstance(value, (tuple, list)):
         found.update(b"(")
         for item in value:
             _feed(found, item)
         found.update(b")")
     elif callable(getattr(value, "detach", None)):
-        found.update(bytes(value.detach().cpu().flatten().to(dtype=_uint8()).tolist()))
+        found.update(str(content_hash(value)).encode())
     elif callable(getattr(value, "tobytes", None)):
         found.update(value.tobytes())
     else:
         found.update(repr(value).encode())
-
-
-def _uint8() -> Any:
-    return sys.modules["torch"].uint8

@@ -89,6 +89,11 @@ def user_frame(depth: int = 1) -> str:
     return where
 
 
+def called_from_plugin(depth: int) -> bool:
+    """Whether the frame `depth` levels up is the plugin's own code (its audit, say)."""
+    return inside(os.path.abspath(sys._getframe(depth).f_code.co_filename), _OUR_DIR)
+
+
 def called_from_torch(depth: int) -> bool:
     """Whether the frame `depth` levels up is torch's own code."""
     folder = torch_dir()

@@ -17,17 +17,10 @@ from ..compare.configurations import ConfigurationFacts
 from ..rank.encode import decode_float
 from ..rank.layout import AUTO, WATCH, audit_key, is_audit_key, section_of, watched
 from ..signature import Signature, scalar
-from .picture import Line, Panel, Picture, draw
+from .picture import Line, Panel, Picture
 
 MAX_SERIES = 6
 Run = dict[int, Signature]
-
-
-def plot_verdict(verdict: Verdict, directory: str) -> Optional[str]:
-    """The figure of a failed verdict, drawn now and saved in `directory` (`picture_of`):
-    its path, or None when there is none."""
-    picture = picture_of(verdict, directory)
-    return draw(picture) if picture is not None else None
 
 
 def picture_of(verdict: Verdict, directory: str) -> Optional[Picture]:

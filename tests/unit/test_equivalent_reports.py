@@ -21,7 +21,8 @@ from pytest_resume_equiv.plan import RunRequest
 from pytest_resume_equiv.rank.encode import encode_float
 from pytest_resume_equiv.rank.layout import SIGNATURE_FORMAT, SIGNATURE_VERSION
 from pytest_resume_equiv.rank.run_dir import signature_path
-from pytest_resume_equiv.report.plot import LOSS, PARAMS, plot_verdict, trajectory
+from pytest_resume_equiv.report.picture import draw
+from pytest_resume_equiv.report.plot import LOSS, PARAMS, picture_of, trajectory
 from pytest_resume_equiv.report.records import RunRecord, TestRecord, report_json
 from pytest_resume_equiv.report.replay import read_judgement
 from pytest_resume_equiv.settings import OPTIONS, Resolved, SessionSettings, resolve_test
@@ -196,9 +197,9 @@ def test_the_plot_draws_both_trajectories_of_a_variant_that_differs(tmp_path):
     failing, _ = judged(tmp_path / "a", "unscaled")
     passing, _ = judged(tmp_path / "b", "dp2")
     (bad,), (good,) = failing.verdicts, passing.verdicts
-    path = plot_verdict(bad, str(tmp_path))
+    path = draw(picture_of(bad, str(tmp_path)))
     assert path == str(tmp_path / "plot-variant-unscaled.png") and os.path.getsize(path) > 0
-    assert plot_verdict(good, str(tmp_path)) is None  # as for a resume: a failure's picture
+    assert picture_of(good, str(tmp_path)) is None  # as for a resume: a failure's picture
     baseline, variant = (trajectory(run) for run in bad.signatures)
     assert baseline[LOSS] == {1: 1.0, 2: 0.5, 3: pytest.approx(1 / 3)}
     assert variant[LOSS][1] == 2.0 and baseline[PARAMS] == {1: 3.0, 2: 4.0, 3: 5.0}
